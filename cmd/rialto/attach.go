@@ -192,7 +192,8 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 			case *socket != "" || fs.Changed("listen"):
 				return usagef("--fuse serves no NBD export: drop --listen and --socket")
 			}
-			return attachFUSE(ctx, e, c, &cf, l, *fuseDir, borrower.AttachConfig{StripeUnit: su, ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Logger: log}, parts, *watch)
+			return attachFUSE(ctx, e, c, &cf, l, *fuseDir, borrower.AttachConfig{StripeUnit: su, ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS,
+				Track: cf.dataTrack(log), Logger: log}, parts, *watch)
 		}
 		if *socket != "" && *listen != "" {
 			return usagef("--listen and --socket do not go together: one serves on TCP, the other on a Unix socket")
@@ -228,7 +229,7 @@ func runAttach(e *env, fs *pflag.FlagSet) runFunc {
 		// the URI the control plane has for it now.
 		bar := newProgress(e, -1, fmt.Sprintf("attach: connecting to %d %s of lease %s", parts, profPlural(parts, "part"), l.ID))
 		att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: where, StripeUnit: su,
-			ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, WriteBack: *writeBack, Logger: log})
+			ConnsPerPart: *conns, RequestTimeout: *timeout, TLS: dataTLS, Track: cf.dataTrack(log), WriteBack: *writeBack, Logger: log})
 		bar.done()
 		if err != nil {
 			os.Remove(ctlPath)

@@ -78,10 +78,14 @@ func (f *caFollower) check(ctx context.Context) bool {
 	if changed {
 		f.log.Info("the --cacert file changed: verifying with its CA certificates", "file", f.roots.File(), "cas", caNames(f.roots.Certs()))
 	}
+	// The list beside the --cacert file is read again if it changed
+	// (pki.Roots): one naming a lender ends the connections to it, as
+	// the control plane's does.
+	held := f.crlNumber()
 	if !f.https {
 		return changed
 	}
-	got, err := f.c.CACertificates(ctx, f.roots.Hash(), f.crlNumber())
+	got, err := f.c.CACertificates(ctx, f.roots.Hash(), held)
 	if err != nil {
 		// A control plane without a cluster CA, or one that predates the
 		// route, answers 404; one unreachable is the lease watch's to say.
@@ -134,7 +138,7 @@ func (f *caFollower) useCRL(crlPEM string) bool {
 		return false
 	}
 	if took {
-		f.log.Info("revocation list updated by the control plane: lenders whose certificates it names are refused", "crl_number", f.crlNumber())
+		f.log.Info("revocation list updated by the control plane: lenders whose certificates it names are refused, and connections to them ended", "crl_number", f.crlNumber())
 	}
 	return took
 }

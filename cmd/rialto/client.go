@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -159,6 +160,18 @@ func (cf *clientFlags) dataTLSFunc() (func() *tls.Config, error) {
 		return nil, err
 	}
 	return borrower.StaticTLS(cfg), nil
+}
+
+// dataTrack is the function that registers the verb's TLS connections to
+// the data planes with the revocation list it checks them with, once
+// followRoots made it follow (pki.Roots.Tracker): a connection to a
+// lender whose certificate a list taken later revokes (caFollower.check)
+// is ended then, logged to log. nil without --cacert.
+func (cf *clientFlags) dataTrack(log *slog.Logger) pki.TrackFunc {
+	if cf.roots == nil {
+		return nil
+	}
+	return cf.roots.Tracker(log)
 }
 
 // rootsTransport is the API client's transport once followRoots made the

@@ -222,10 +222,11 @@ func superviseVM(ctx context.Context, e *env, cf *clientFlags, f vmRunFlags, mem
 	}
 	// Every lease, of one part or composed, is attached here: its parts
 	// are dialled with the CA certificates and revocation list in use at
-	// each dial (they follow a CA rotation: watchLease), and a part whose
+	// each dial (they follow a CA rotation: watchLease; a connection to a
+	// lender a newer list revokes ends when the list is taken), and a part whose
 	// lender restarted, or that moved, is redialled where the control
 	// plane has it now. qemu only dials the local socket.
-	att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Logger: log})
+	att, err := borrower.Attach(ctx, c, l, borrower.AttachConfig{Listen: "unix:" + sock, TLS: dataTLS, Track: cf.dataTrack(log), Logger: log})
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", l.ID, err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // LeaseSource gives the current record of a lease: *api.Client is one.
@@ -41,6 +42,12 @@ type AttachConfig struct {
 	// CAs. URIs in plaintext ignore it: the lease, as the control plane
 	// handed it out, says how each part is reached.
 	TLS func() *tls.Config
+	// Track, if set, is handed each TLS connection to a block lease's
+	// parts (stripe.AttachConfig.Track): normally the Tracker of the
+	// revocation list TLS checks lenders with (pki.Roots.Tracker), so
+	// that a connection to a lender whose certificate a later list
+	// revokes ends then, rather than when it breaks.
+	Track pki.TrackFunc
 	// WriteBack acknowledges a block lease's plain writes once sent to
 	// their lenders, before their replies (a volatile write cache that
 	// FLUSH and FUA make durable: stripe.ServeConfig.WriteBack); false
@@ -147,7 +154,7 @@ func stripeConfig(src LeaseSource, l api.Lease, cfg AttachConfig) (stripe.Attach
 			return movedPart(ctx, src, l.ID, part)
 		}
 	}
-	return stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen, TLS: cfg.TLS,
+	return stripe.AttachConfig{URIs: uris, StripeUnit: su, Listen: cfg.Listen, TLS: cfg.TLS, Track: cfg.Track,
 		ConnsPerPart: cfg.ConnsPerPart, RequestTimeout: cfg.RequestTimeout, Resolve: resolve, WriteBack: cfg.WriteBack, Logger: cfg.Logger}, nil
 }
 

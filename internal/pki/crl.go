@@ -20,7 +20,9 @@ import (
 // control plane hands it out) or from a file kept up to date by someone
 // else (Watch, such as the ca-crl.pem beside ca-cert.pem that libnbd and
 // qemu read too). A CRL whose signature does not verify is refused; an
-// older one (lower CRL number) never replaces a newer one.
+// older one (lower CRL number) never replaces a newer one. The handshake
+// checks a peer once (VerifyPeer); the connections registered with
+// Tracker are ended when a later list revokes their peer (track.go).
 //
 // Zero value: not usable; use NewCRL. Methods are safe for concurrent use.
 type CRL struct {
@@ -32,7 +34,10 @@ type CRL struct {
 	fileErr error // the watched file's last read error (fails checks closed)
 	number  *big.Int
 	pem     []byte
-	revoked map[string]bool // hex serials
+	revoked map[string]bool // hex serials; replaced, never changed, by each list taken
+	gen     uint64          // counts the lists taken, for endRevoked
+
+	live liveConns // the connections tracked (Tracker), track.go
 }
 
 // NewCRL returns an empty list whose updates must be signed by one of
@@ -62,6 +67,7 @@ func ParseCRL(b []byte, roots []*x509.Certificate) (*x509.RevocationList, error)
 // Update replaces the list with the PEM CRL b if it verifies and is newer
 // than the one held (by CRL number); it reports whether it replaced it.
 func (c *CRL) Update(b []byte) (bool, error) {
+	defer c.endRevoked()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	crl, err := ParseCRL(b, c.roots)
@@ -93,6 +99,7 @@ func (c *CRL) setLocked(crl *x509.RevocationList, b []byte) bool {
 		rev[e.SerialNumber.Text(16)] = true
 	}
 	c.number, c.pem, c.revoked = num, bytes.Clone(b), rev
+	c.gen++
 	return true
 }
 
@@ -102,6 +109,7 @@ func (c *CRL) setLocked(crl *x509.RevocationList, b []byte) bool {
 // makes every check fail until it is fixed (fail closed). Watch reads it
 // once now and returns that error.
 func (c *CRL) Watch(path string) error {
+	defer c.endRevoked()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.path = path
@@ -144,6 +152,7 @@ func (c *CRL) refreshLocked() {
 
 // Number is the CRL number of the list held (nil: none yet).
 func (c *CRL) Number() *big.Int {
+	defer c.endRevoked()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked()
@@ -155,6 +164,7 @@ func (c *CRL) Number() *big.Int {
 
 // PEM is the CRL held, as it was given (nil: none yet).
 func (c *CRL) PEM() []byte {
+	defer c.endRevoked()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked()
@@ -163,6 +173,13 @@ func (c *CRL) PEM() []byte {
 
 // Check refuses a revoked certificate (ErrRevoked).
 func (c *CRL) Check(cert *x509.Certificate) error {
+	defer c.endRevoked()
+	return c.check(cert)
+}
+
+// check is Check, leaving the connections a list it took revokes to the
+// caller's endRevoked.
+func (c *CRL) check(cert *x509.Certificate) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked()

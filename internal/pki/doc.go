@@ -34,7 +34,11 @@
 // the control plane's after a rotation ([Roots.Use]: CA certificates only,
 // [CheckCAs]) or an operator's new file ([Roots.Reload]), and the control
 // plane's revocation list when it is newer than the one beside the file
-// ([Roots.UseCRL]: signed by a CA certificate in use). Holders
+// ([Roots.UseCRL]: signed by a CA certificate in use). A handshake
+// checks the peer against the list held then; a connection made before
+// a revocation is ended when a list naming its peer's certificate is
+// taken, if it was registered with the list's [CRL.Tracker] (a borrower's
+// connections to its lenders: [Roots.Tracker]). Holders
 // of copies of one CA directory that share a record of the list elsewhere
 // (the control plane's replicas, in their store) sign that list with its
 // own number ([CA.Adopt]), so that each copy's ca-crl.pem is the same

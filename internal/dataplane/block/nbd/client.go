@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // DefaultRequestTimeout bounds every Client request unless WithRequestTimeout
@@ -27,6 +29,7 @@ type dialOptions struct {
 	timeout      time.Duration
 	noStructured bool
 	tls          *tls.Config
+	track        pki.TrackFunc
 }
 
 // DialOption configures Dial.
@@ -50,6 +53,19 @@ func WithRequestTimeout(d time.Duration) DialOption {
 // ("localhost" for a Unix socket).
 func WithTLS(cfg *tls.Config) DialOption {
 	return func(o *dialOptions) { o.tls = cfg }
+}
+
+// WithTrack hands track each TLS connection the client makes, once its
+// handshake is done (the server's certificate), with the function that
+// ends it: a revocation list's Tracker (pki.CRL.Tracker,
+// pki.Roots.Tracker) ends the connection when a list it takes later
+// revokes the server's certificate. Pending and later requests then fail
+// with ErrClosed, wrapping why (pki.ErrRevoked). A connection track
+// refuses (a list taken since the handshake revokes the server) fails
+// the dial as a failed handshake does. Connections in plaintext are not
+// handed.
+func WithTrack(track pki.TrackFunc) DialOption {
+	return func(o *dialOptions) { o.track = track }
 }
 
 // WithoutStructuredReplies makes the client use simple replies only.
@@ -113,6 +129,9 @@ type Client struct {
 	deadOnce   sync.Once
 	readerDone chan struct{} // closed when the background reader has stopped
 	wdDone     chan struct{} // closed when the watchdog has stopped
+	// untrack, if set, takes the connection off the list of live TLS
+	// connections WithTrack's function keeps, once it is dead.
+	untrack func()
 }
 
 // writeQueue is requests waiting to be written: their headers back to
@@ -287,6 +306,14 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 			return nil, fmt.Errorf("nbd: handshake: %w", ctx.Err())
 		}
 		return nil, err
+	}
+	if t, ok := c.nc.(*tlsConn); ok && o.track != nil {
+		untrack, err := o.track(addr, t.ConnectionState(), c.end)
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("nbd: TLS handshake: %w", err)
+		}
+		c.untrack = untrack
 	}
 	nc.SetDeadline(time.Time{})
 	c.br = br
@@ -632,6 +659,11 @@ func (c *Client) fail(err error) {
 	}
 }
 
+// end ends the connection at once because of why (a revocation list
+// naming the server's certificate: WithTrack): pending and later
+// requests fail with ErrClosed, wrapping why.
+func (c *Client) end(why error) { c.fail(fmt.Errorf("%w: %w", ErrClosed, why)) }
+
 // failPending marks the connection dead and fails every pending call with
 // the connection's error (err if none was set).
 func (c *Client) failPending(err error) {
@@ -650,7 +682,12 @@ func (c *Client) failPending(err error) {
 	c.closing = true
 	c.mu.Unlock()
 	c.nc.Close()
-	c.deadOnce.Do(func() { close(c.dead) })
+	c.deadOnce.Do(func() {
+		close(c.dead)
+		if c.untrack != nil {
+			c.untrack()
+		}
+	})
 	for _, cl := range pend {
 		cl.err = failErr
 		close(cl.done)

@@ -18,7 +18,9 @@
 // certificates and, unless TLSOptional, requires it (the protocol's
 // FORCEDTLS mode: NBD_REP_ERR_TLS_REQD before the upgrade). [WithTLS] and
 // nbds:// URIs make the Client upgrade first and refuse a server that will
-// not. Over TLS the bytes pass through crypto/tls, so sendfile, splice and
+// not. The server's certificate is checked at the handshake; [WithTrack]
+// registers the connection with a revocation list (pki.CRL.Tracker), which
+// ends it when a later list revokes that certificate. Over TLS the bytes pass through crypto/tls, so sendfile, splice and
 // replies pointing into a mapping are not used (large writes to a tmpfs
 // file are still decrypted straight into its mapping). With [Server.PSK] the
 // server also takes TLS 1.3 with pre-shared keys (nbdkit's --tls-psk,

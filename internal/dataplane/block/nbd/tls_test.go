@@ -5,10 +5,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -439,4 +443,73 @@ func TestWriteBuffersTLS(t *testing.T) {
 	if b := <-got; !bytes.Equal(b, want.Bytes()) {
 		t.Fatalf("received %d bytes, want %d (or content differs)", len(b), want.Len())
 	}
+}
+
+// TestTLSTrackEndsRevokedServer: a client dialled WithTrack of a
+// revocation list ends its connection as soon as the list takes a
+// revocation of the server's certificate: its requests fail with
+// ErrClosed, saying why (pki.ErrRevoked), while the server still runs,
+// and a new dial fails the handshake. A client closed before is off the
+// list: the revocation does not reach it.
+func TestTLSTrackEndsRevokedServer(t *testing.T) {
+	p := newTestPKI(t)
+	be := NewMemBackend(1 << 20)
+	_, addr := startTLSServer(t, p.server, false, Export{Name: testName, Backend: be})
+	crl := pki.NewCRL([]*x509.Certificate{p.ca.Certificate()})
+	if _, err := crl.Update(p.ca.CRLPEM()); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: p.ca.Pool(), VerifyConnection: crl.VerifyPeer}
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	opts := []DialOption{WithTLS(cfg), WithTrack(crl.Tracker(log))}
+	c := dial(t, addr, testName, opts...)
+	closed := dial(t, addr, testName, opts...)
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteAt([]byte("before"), 0); err != nil {
+		t.Fatal(err)
+	}
+	leaf := c.nc.(*tlsConn).ConnectionState().PeerCertificates[0]
+	if err := p.ca.Revoke(leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	if took, err := crl.Update(p.ca.CRLPEM()); err != nil || !took {
+		t.Fatalf("Update: %v, %v", took, err)
+	}
+	_, err := c.ReadAt(make([]byte, 6), 0)
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, pki.ErrRevoked) {
+		t.Fatalf("a read on the connection to the revoked server: %v, want %v wrapping %v", err, ErrClosed, pki.ErrRevoked)
+	}
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	if n := strings.Count(out, "revoked"); n != 1 || !strings.Contains(out, "serial="+leaf.SerialNumber.Text(16)) || !strings.Contains(out, "peer="+addr) {
+		t.Fatalf("want one line ending the open connection, naming the peer and the serial:\n%s", out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if c2, err := Dial(ctx, "tcp", addr, testName, opts...); !errors.Is(err, pki.ErrRevoked) {
+		if err == nil {
+			c2.Close()
+		}
+		t.Fatalf("a new dial of the revoked server: %v, want %v", err, pki.ErrRevoked)
+	}
+	if err := c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Close after the end: %v", err)
+	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

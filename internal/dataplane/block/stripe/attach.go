@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // DefaultRedialTimeout is the longest Attach redials a part by default.
@@ -40,6 +41,14 @@ type AttachConfig struct {
 	// tls-certificates directory, else the system's CAs. Parts with a
 	// plaintext URI ignore it.
 	TLS func() *tls.Config
+	// Track, if set, is handed each TLS connection to a part, the
+	// redials' too (nbd.WithTrack): normally the Tracker of the
+	// revocation list TLS's configurations check (pki.Roots.Tracker),
+	// which ends a connection once a list it takes later revokes the
+	// lender's certificate. The part's redial then fails the handshake,
+	// and the part is not redialled further unless Resolve moves it to
+	// another lender (see nbdPart.reconnect).
+	Track pki.TrackFunc
 	// StripeUnit as in Config; 0 means DefaultStripeUnit.
 	StripeUnit int64
 	// Listen is where the composed volume is served: a TCP address
@@ -165,7 +174,7 @@ func Dial(ctx context.Context, cfg AttachConfig) (*Volume, error) {
 	for i, u := range uris {
 		for j := range conns {
 			wg.Go(func() {
-				c, err := u.Dial(ctx, dialTLS(cfg.TLS), nbd.WithRequestTimeout(timeout))
+				c, err := u.Dial(ctx, dialTLS(cfg.TLS), nbd.WithRequestTimeout(timeout), nbd.WithTrack(cfg.Track))
 				if err != nil {
 					errs[i*conns+j] = fmt.Errorf("stripe: part %d (%s): %w", i, u.Address, err)
 					return
@@ -191,12 +200,12 @@ func Dial(ctx context.Context, cfg AttachConfig) (*Volume, error) {
 	devs := make([]Device, len(uris))
 	for i, cs := range clients {
 		if len(cs) == 1 {
-			devs[i] = newPart(cs[0], uris[i], cfg.TLS, i, timeout, redial, cfg.Resolve, log)
+			devs[i] = newPart(cs[0], uris[i], cfg.TLS, cfg.Track, i, timeout, redial, cfg.Resolve, log)
 			continue
 		}
 		ps := make([]Device, len(cs))
 		for j, c := range cs {
-			ps[j] = newPart(c, uris[i], cfg.TLS, i, timeout, redial, cfg.Resolve, log)
+			ps[j] = newPart(c, uris[i], cfg.TLS, cfg.Track, i, timeout, redial, cfg.Resolve, log)
 		}
 		p, err := NewPool(ps...)
 		if err != nil {

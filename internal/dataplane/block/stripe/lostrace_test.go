@@ -39,7 +39,7 @@ func TestLostWriteCountedDuringReconnect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newPart(c, u, nil, 0, 10*time.Second, 5*time.Second, resolve, slog.New(slog.DiscardHandler))
+		p := newPart(c, u, nil, nil, 0, 10*time.Second, 5*time.Second, resolve, slog.New(slog.DiscardHandler))
 		t.Cleanup(func() { p.Close() })
 		var once sync.Once
 		p.beforeCount = func() {

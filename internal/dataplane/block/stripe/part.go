@@ -12,6 +12,7 @@ import (
 
 	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // ErrLostWrites is returned by a Flush when a connection to a part broke
@@ -33,10 +34,14 @@ const (
 // reads and writes of whole ranges are idempotent, so a retry is safe. If
 // the redial gives up, or a request times out (a lender that hangs is the
 // Volume's business: it fails the part), the connection is dead: Alive
-// reports false, so a Pool stops choosing it, and calls fail at once.
+// reports false, so a Pool stops choosing it, and calls fail at once. A
+// redial whose handshake finds the lender's certificate revoked gives up
+// at once, unless the part moved (resolve): a connection the revocation
+// list's tracker ended (AttachConfig.Track) is not redialled for nothing.
 type nbdPart struct {
 	uri     nbd.URI                                             // guarded by mu once attached (reconnect may move it)
 	tls     func() *tls.Config                                  // for a TLS URI, at each dial (see AttachConfig.TLS)
+	track   pki.TrackFunc                                       // each TLS connection, nil: none (see AttachConfig.Track)
 	index   int                                                 // part index, for logs
 	timeout time.Duration                                       // per request, passed to nbd.Dial
 	redial  time.Duration                                       // 0: never redial
@@ -101,9 +106,9 @@ type flushTicket struct {
 	flushed
 }
 
-func newPart(c *nbd.Client, u nbd.URI, tlsCfg func() *tls.Config, index int, timeout, redial time.Duration,
+func newPart(c *nbd.Client, u nbd.URI, tlsCfg func() *tls.Config, track pki.TrackFunc, index int, timeout, redial time.Duration,
 	resolve func(context.Context, int) (string, error), log *slog.Logger) *nbdPart {
-	p := &nbdPart{uri: u, tls: tlsCfg, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
+	p := &nbdPart{uri: u, tls: tlsCfg, track: track, index: index, timeout: timeout, redial: redial, resolve: resolve, log: log,
 		size: c.Size(), flags: c.Flags(), meta: c.CanExtents()}
 	p.cur.Store(c)
 	return p
@@ -263,7 +268,7 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			p.follow(ctx)
 		}
 		actx, acancel := context.WithTimeout(ctx, dialAttemptLimit)
-		c, err := p.uri.Dial(actx, dialTLS(p.tls), nbd.WithRequestTimeout(p.timeout))
+		c, err := p.uri.Dial(actx, dialTLS(p.tls), nbd.WithRequestTimeout(p.timeout), nbd.WithTrack(p.track))
 		acancel()
 		if err == nil && c.Size() != p.size {
 			c.Close()
@@ -283,6 +288,21 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			}
 			p.log.Info("stripe: reconnected to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start))
 			return c, nil
+		}
+		if errors.Is(err, pki.ErrRevoked) {
+			// The lender's certificate is revoked (a node removed, its
+			// certificate revoked by an operator): no redial will verify
+			// it, unless the part moved to another lender.
+			at := p.uri
+			p.follow(ctx)
+			if p.uri == at {
+				if unflushed {
+					p.lose()
+				}
+				p.dead.Store(true)
+				p.log.Error("stripe: the part's lender presents a revoked certificate: not reconnecting", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "err", err)
+				return nil, fmt.Errorf("stripe: part %d: %w: its lender's certificate is revoked: %w", p.index, nbd.ErrClosed, err)
+			}
 		}
 		if retry.Wait(ctx) != nil {
 			if unflushed {

@@ -38,7 +38,7 @@ func poolOf(t *testing.T, l *lender, n int) (*Pool, []*nbdPart) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newPart(c, u, nil, 0, 10*time.Second, 5*time.Second, nil, slog.New(slog.DiscardHandler))
+		p := newPart(c, u, nil, nil, 0, 10*time.Second, 5*time.Second, nil, slog.New(slog.DiscardHandler))
 		t.Cleanup(func() { p.Close() })
 		parts = append(parts, p)
 		devs = append(devs, p)
@@ -137,7 +137,7 @@ func TestPoolFlushReportsDeadConnectionsLoss(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newPart(c, u, nil, 0, 10*time.Second, redial, nil, slog.New(slog.DiscardHandler))
+		p := newPart(c, u, nil, nil, 0, 10*time.Second, redial, nil, slog.New(slog.DiscardHandler))
 		t.Cleanup(func() { p.Close() })
 		parts = append(parts, p)
 		devs = append(devs, p)

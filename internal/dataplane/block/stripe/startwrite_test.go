@@ -44,7 +44,7 @@ func TestStartWriteRedialsOffCaller(t *testing.T) {
 			}
 			// A redial far longer than the test waits for startWrite:
 			// blocking on it cannot pass for returning promptly.
-			p := newPart(c, u, nil, 0, 10*time.Second, 30*time.Second, nil, slog.New(slog.DiscardHandler))
+			p := newPart(c, u, nil, nil, 0, 10*time.Second, 30*time.Second, nil, slog.New(slog.DiscardHandler))
 			t.Cleanup(func() { p.Close() })
 			pool, err := NewPool(p)
 			if err != nil {

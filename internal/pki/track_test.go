@@ -1,0 +1,235 @@
+package pki
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestTrackerEndsRevokedConnections: a client holding its copy of the CA
+// certificates (Roots) registers its TLS connections (Tracker); when it
+// takes a revocation list naming the certificate a server presented,
+// from the control plane (UseCRL) or from the file beside its copy
+// (read at a check), its connections to that server end at once, with a
+// log line naming the peer, the serial number and "revoked", while those
+// to other servers go on, and a connection no longer tracked is left
+// alone. A connection whose handshake verified before a list the client
+// took since is refused at its registration.
+func TestTrackerEndsRevokedConnections(t *testing.T) {
+	t.Parallel()
+	ca, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientDir := t.TempDir()
+	file := filepath.Join(clientDir, CACertFile)
+	if err := os.WriteFile(file, ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := LoadRoots(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	track := r.Tracker(slog.New(slog.NewTextHandler(&logs, nil)))
+
+	srvA, srvB := echoServer(t, ca, "track-a"), echoServer(t, ca, "track-b")
+	type conn struct {
+		tc      *tls.Conn
+		untrack func()
+		ended   chan error
+	}
+	dial := func(addr string) conn {
+		t.Helper()
+		cfg := r.ClientTLS()
+		cfg.ServerName = "127.0.0.1"
+		tc, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tc.Close() })
+		c := conn{tc: tc, ended: make(chan error, 1)}
+		c.untrack, err = track(addr, tc.ConnectionState(), func(err error) {
+			c.ended <- err
+			tc.Close()
+		})
+		if err != nil {
+			t.Fatalf("tracking a connection to %s: %v", addr, err)
+		}
+		return c
+	}
+	echo := func(c conn) error {
+		t.Helper()
+		c.tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.tc.Write([]byte("ping\n")); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(c.tc).ReadString('\n')
+		if err == nil && line != "ping\n" {
+			t.Fatalf("echo: %q", line)
+		}
+		return err
+	}
+	a, b := dial(srvA.addr), dial(srvB.addr)
+	for _, c := range []conn{a, b} {
+		if err := echo(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The control plane's list revokes A's certificate.
+	if err := ca.Revoke(srvA.serial()); err != nil {
+		t.Fatal(err)
+	}
+	if took, err := r.UseCRL(ca.CRLPEM()); err != nil || !took {
+		t.Fatalf("UseCRL: %v, %v", took, err)
+	}
+	select {
+	case err := <-a.ended:
+		if !errors.Is(err, ErrRevoked) {
+			t.Fatalf("the connection to the revoked server ended with %v, want %v", err, ErrRevoked)
+		}
+	default:
+		t.Fatal("the connection to the server whose certificate the list revokes was not ended when the list was taken")
+	}
+	if err := echo(a); err == nil {
+		t.Fatal("the connection to the revoked server still carries data")
+	}
+	for _, want := range []string{"revoked", "peer=" + srvA.addr, "serial=" + srvA.serial().Text(16), "subject=track-a"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("the log does not say %q:\n%s", want, logs.String())
+		}
+	}
+	if err := echo(b); err != nil {
+		t.Fatalf("the connection to a server not revoked: %v", err)
+	}
+	select {
+	case err := <-b.ended:
+		t.Fatalf("the connection to a server not revoked was ended: %v", err)
+	default:
+	}
+	// A handshake that verified before the list was taken.
+	if _, err := track(srvA.addr, a.tc.ConnectionState(), func(error) {}); !errors.Is(err, ErrRevoked) {
+		t.Fatalf("tracking a connection to the revoked server: %v, want %v", err, ErrRevoked)
+	}
+
+	// The file beside the copy revokes B's certificate: b is no longer
+	// tracked, b2 is.
+	b2 := dial(srvB.addr)
+	b.untrack()
+	b.untrack() // idempotent
+	if err := ca.Revoke(srvB.serial()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(clientDir, CRLFile), ca.CRLPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.CRLNumber(); n == nil || n.Cmp(ca.CRLNumber()) != 0 {
+		t.Fatalf("the file's list was not taken: number %v, want %v", n, ca.CRLNumber())
+	}
+	select {
+	case err := <-b2.ended:
+		if !errors.Is(err, ErrRevoked) {
+			t.Fatalf("ended with %v, want %v", err, ErrRevoked)
+		}
+	default:
+		t.Fatal("the file's list did not end the tracked connection to the server it revokes")
+	}
+	if err := echo(b); err != nil {
+		t.Fatalf("a connection no longer tracked was ended: %v", err)
+	}
+}
+
+// tlsEchoServer is a TLS server echoing lines, with a certificate of a
+// CA.
+type tlsEchoServer struct {
+	addr string
+	cert *tls.Certificate
+}
+
+func (s *tlsEchoServer) serial() *big.Int { return s.cert.Leaf.SerialNumber }
+
+// echoServer serves TLS on a loopback port with a certificate ca issues
+// for cn, echoing each line, until the test ends.
+func echoServer(t *testing.T, ca *CA, cn string) *tlsEchoServer {
+	t.Helper()
+	iss, err := ca.Issue(Request{CommonName: cn, Hosts: []string{"127.0.0.1"}, Usage: ServerAuth, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := iss.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{c}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+			wg.Go(func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := conn.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return &tlsEchoServer{addr: ln.Addr().String(), cert: &c}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
