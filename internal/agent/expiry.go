@@ -48,14 +48,16 @@ import (
 //     fails is tried again every 50 ms). That stop can come late (the
 //     work it waits for, a loaded machine): the data plane itself refuses
 //     every request of the export from its known expiry on, whether the
-//     stop has happened or not, where it can (Export.deadline, which the
-//     drivers pass to their data planes: the block driver's NBD exports
-//     check it as each request arrives and as a worker takes it up; the
-//     memory driver's donor as each READ or WRITE arrives; the accel
-//     driver's slots on each memory access, task and block move, and its
-//     gateways as a shared lease's call arrives and as a worker takes up
-//     its batch; NIC tunnels do not, their stop is the guarantee). So that a renewal reaches the agent before
-//     then, the loop asks the control plane (a heartbeat round)
+//     stop has happened or not (Export.deadline, which the drivers pass
+//     to their data planes: the block driver's NBD exports check it as
+//     each request arrives and as a worker takes it up; the memory
+//     driver's donor as each READ or WRITE arrives; the accel driver's
+//     slots on each memory access, task and block move, and its gateways
+//     as a shared lease's call arrives and as a worker takes up its
+//     batch; the NIC driver's lender as it forwards each packet, either
+//     way, dropping it and ending the borrower's session, and at each
+//     HELLO). So that a renewal reaches the agent before then, the loop
+//     asks the control plane (a heartbeat round)
 //     expiryAskAhead before the earliest known expiry of a served export,
 //     unless a round began since then; after stopping an export it asks
 //     again, and an answer that shows the lease renewed serves it again.

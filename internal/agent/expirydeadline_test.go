@@ -3,6 +3,10 @@ package agent
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +18,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
+	"github.com/rialto-project/rialto/internal/dataplane/nic"
 )
 
 // TestExpiredBlockLeaseRefusedBeforeItsStop: with the control plane
@@ -184,6 +189,88 @@ func TestExpiredAccelLeaseRefusedBeforeItsStop(t *testing.T) {
 		t.Error("a dedicated slot's memory was written after the expiry")
 	}
 	if n := testutil.ToFloat64(a.mSuspends.WithLabelValues("accel")); n != 0 {
+		t.Fatalf("%v stops counted: the stop was not held up", n)
+	}
+	release()
+}
+
+// TestExpiredNICLeaseRefusedBeforeItsStop is
+// TestExpiredBlockLeaseRefusedBeforeItsStop for a NIC lease: its lender
+// drops the lease's packets from the known expiry on, on the session
+// opened before it, and ends that session with the reason, which the
+// borrower reports; the borrower's new session is refused likewise — all
+// before the agent's stop (the lease's teardown at the lender) has come.
+func TestExpiredNICLeaseRefusedBeforeItsStop(t *testing.T) {
+	lab, out := nicLab(t)
+	cp, srv := newFakeCP(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 13, 40, 0, 0, time.UTC))
+	cfg := testConfig(srv.URL, t.TempDir())
+	cfg.Listen = lab.Gateway().String() // the NIC endpoint the borrower's host reaches
+	cfg.Devices = append(cfg.Devices, DeviceConfig{Name: "wan", Kind: api.KindNIC, Path: "wan0", Size: 125_000_000})
+	cfg.Drivers = map[api.Kind]Driver{api.KindNIC: nsNICDriver{NICDriver: NewNICDriver(slog.New(slog.DiscardHandler)), lab: lab, host: 1}}
+	cfg.Clock = clk
+	cfg.HeartbeatInterval = time.Hour
+	a := start(t, cfg).a
+	ctx := ctxFor(t)
+	resp, err := a.Prepare(ctx, api.PrepareRequest{LeaseID: "lease-n", Kind: api.KindNIC, DeviceName: "wan",
+		Length: 2_000_000, Export: "x_lease-n-0123456789abcdef", ExpiresAt: clk.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := nic.ParseURI(resp.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedLog{}
+	var ifc *nic.Interface
+	if err := lab.Do(0, func() error {
+		var err error
+		ifc, err = nic.Attach(ctx, nic.Config{Members: []nic.Member{u.Member()}, Name: "rnic0",
+			Routes: []netip.Prefix{netip.PrefixFrom(out.Server, 32)}, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				return lab.Dial(ctx, 0, network, addr)
+			}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Do(0, ifc.Close)
+	ping := func() bool {
+		return lab.Command(ctx, 0, "busybox", "ping", "-c", "1", "-W", "1", out.Server.String()).Run() == nil
+	}
+	if !ping() {
+		t.Fatal("no ping through the lent NIC")
+	}
+
+	// Renewed while served: the data plane serves past the old expiry.
+	exp := renewPastOldExpiry(ctx, t, a, cp, clk, "lease-n")
+	if !ping() {
+		t.Fatal("a renewed lease dropped a ping past its old expiry")
+	}
+
+	// The control plane goes away; the stop at the expiry is held up.
+	release := expireWithStopHeld(t, a, cp, clk, exp)
+	if ping() {
+		t.Fatal("a session opened before the expiry still carries a ping after it")
+	}
+	reason := "lease lease-n expired at " + exp.UTC().Format(time.RFC3339Nano)
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	// The borrower's next session (it redials at once) is refused too.
+	for m := ifc.Members()[0]; m.Up || !strings.Contains(m.Err, "nic: lease ended ("+reason+")"); m = ifc.Members()[0] {
+		if time.Now().After(deadline) {
+			t.Fatalf("the borrower's lender is %+v, want down, its redial refused: %s", m, reason)
+		}
+		<-tick.C
+	}
+	if said := `err="nic: lease ended: ` + reason + `"`; !strings.Contains(logs.String(), said) {
+		t.Errorf("the borrower did not log its session's end with %s:\n%s", said, logs.String())
+	}
+	if ping() {
+		t.Fatal("a ping crossed the lent NIC after the expiry")
+	}
+	if n := testutil.ToFloat64(a.mSuspends.WithLabelValues("nic")); n != 0 {
 		t.Fatalf("%v stops counted: the stop was not held up", n)
 	}
 	release()

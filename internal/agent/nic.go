@@ -84,7 +84,9 @@ func (d *NICDriver) Open(ctx context.Context, dev DeviceConfig) (DeviceConfig, e
 	return dev, nil
 }
 
-// Prepare admits the lease: its TUN interface, address and rate.
+// Prepare admits the lease: its TUN interface, address and rate; the
+// lender drops its packets, either way, and ends its session from the
+// export's known expiry on (e.deadline, nic.Lender.SetLeaseDeadline).
 func (d *NICDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse, error) {
 	d.mu.Lock()
 	l := d.lenders[e.Device.Name]
@@ -104,6 +106,9 @@ func (d *NICDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse,
 		if errors.Is(err, nic.ErrAddr) {
 			return api.PrepareResponse{}, fmt.Errorf("%w: %v", ErrRefused, err)
 		}
+		return api.PrepareResponse{}, err
+	}
+	if err := l.SetLeaseDeadline(spec.ID, e.deadline); err != nil {
 		return api.PrepareResponse{}, err
 	}
 	d.mu.Lock()

@@ -123,3 +123,68 @@ func TestNICDriver(t *testing.T) {
 		t.Error("the outside still answers after the teardown")
 	}
 }
+
+// nsNICDriver is the NIC driver with its kernel work (the lender's
+// nftables and policy routing, the leases' TUN interfaces) in lab host
+// host's namespace, where the lent interface is, for an agent that runs
+// in the test's: it serves the tunnels on the agent's NIC endpoint there.
+type nsNICDriver struct {
+	*NICDriver
+	lab  *netns.Lab
+	host int
+}
+
+func (d nsNICDriver) Open(ctx context.Context, dev DeviceConfig) (out DeviceConfig, err error) {
+	err = d.lab.Do(d.host, func() error {
+		var err error
+		out, err = d.NICDriver.Open(ctx, dev)
+		return err
+	})
+	return out, err
+}
+
+func (d nsNICDriver) Prepare(ctx context.Context, e Export) (resp api.PrepareResponse, err error) {
+	err = d.lab.Do(d.host, func() error {
+		var err error
+		resp, err = d.NICDriver.Prepare(ctx, e)
+		return err
+	})
+	return resp, err
+}
+
+func (d nsNICDriver) Teardown(ctx context.Context, e Export) error {
+	return d.lab.Do(d.host, func() error { return d.NICDriver.Teardown(ctx, e) })
+}
+
+func (d nsNICDriver) Close() error {
+	return d.lab.Do(d.host, d.NICDriver.Close)
+}
+
+// nicLab is a lab of a borrower (host 0) and a lender (host 1) whose wan0
+// leads to the outside, removed when the test ends (after the agents it
+// ran, which t.Cleanup stops); it skips the test if the machine cannot
+// build one or lacks busybox.
+func nicLab(t *testing.T) (*netns.Lab, *netns.Outside) {
+	t.Helper()
+	if err := netns.Available(); err != nil {
+		t.Skip(err)
+	}
+	if err := nic.Available(); err != nil {
+		t.Skip(err)
+	}
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox not installed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	lab, err := netns.New(ctx, netns.Config{Hosts: 2, Prefix: "rialto-agnic"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lab.Close() })
+	out, err := lab.AddOutside(ctx, netns.OutsideConfig{Hosts: []int{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lab, out
+}

@@ -495,17 +495,18 @@ func (m *member) weight() float64 {
 }
 
 // deliver writes a packet from a lender into the interface.
-func (m *member) deliver(pkt []byte) {
+func (m *member) deliver(pkt []byte) error {
 	if _, dst, ok := ipv4(pkt); !ok || dst != m.i.addr {
 		m.ctr.filter.Add(1)
-		return
+		return nil
 	}
 	if _, err := m.i.tun.Write(pkt); err != nil {
 		m.ctr.filter.Add(1)
-		return
+		return nil
 	}
 	m.ctr.rxP.Add(1)
 	m.ctr.rxB.Add(uint64(len(pkt)))
+	return nil
 }
 
 // dial opens a session of Conns connections to the member's lender.
@@ -629,7 +630,15 @@ func (m *member) run(ctx context.Context, s *session) {
 		retry.Reset()
 		err := m.serve(ctx, s)
 		m.setDown(err)
-		if ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, ErrGone):
+			// The lender ended the session and says why (an ERROR of
+			// StatusGone): the lease ended there, or its known expiry
+			// passed ("lease L expired at T"). Redialled: a renewal
+			// serves it again.
+			m.i.log.Warn("nic: the lender ended the lease's session", "lender", m.member().Addr, "err", err)
+		default:
 			m.i.log.Warn("nic: lender lost", "lender", m.member().Addr, "err", err)
 		}
 		s = nil

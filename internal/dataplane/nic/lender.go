@@ -18,11 +18,13 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
 
 	"github.com/rialto-project/rialto/internal/accept"
+	"github.com/rialto-project/rialto/internal/clock"
 )
 
 // Defaults.
@@ -117,6 +119,66 @@ type lease struct {
 
 	mu   sync.Mutex
 	sess *session
+
+	// deadline, if set, is the lease's known expiry (SetLeaseDeadline):
+	// checked as each packet is forwarded, either way, and at each HELLO.
+	deadline atomic.Pointer[clock.Deadline]
+}
+
+// expiredError is why a lease's packet or HELLO is refused once its
+// deadline has passed: StatusGone on the wire (an ERROR frame on each of
+// the session's connections, or a WELCOME refusing a HELLO), whose
+// message is this error's.
+type expiredError struct {
+	id string
+	at time.Time
+}
+
+func (e expiredError) Error() string {
+	return fmt.Sprintf("lease %s expired at %s", e.id, e.at.UTC().Format(time.RFC3339Nano))
+}
+
+func (e expiredError) Unwrap() error { return ErrGone }
+
+// isExpired reports whether err is a lease's expiry (expiredError).
+func isExpired(err error) bool {
+	var e expiredError
+	return errors.As(err, &e)
+}
+
+// expired reports whether the lease's deadline has passed: a packet
+// forwarded then, either way, is dropped and ends the session. One atomic
+// load, and one clock reading while a deadline is set.
+func (ls *lease) expired() bool {
+	return ls.deadline.Load().Passed()
+}
+
+// expiredErr is the error that refuses the lease's packets and HELLOs
+// once its deadline has passed.
+func (ls *lease) expiredErr() error {
+	return expiredError{id: ls.spec.ID, at: ls.deadline.Load().At()}
+}
+
+// expire drops a packet of the lease forwarded once its deadline has
+// passed and ends its session, if it has one, telling the borrower why
+// (an ERROR frame of StatusGone on each connection).
+func (ls *lease) expire() {
+	ls.ctr.expired.Add(1)
+	ls.mu.Lock()
+	s := ls.sess
+	ls.sess = nil
+	ls.mu.Unlock()
+	if s != nil {
+		ls.endExpired(s, ls.expiredErr())
+	}
+}
+
+// endExpired ends the lease's session s for err (expiredError), telling
+// the borrower why on each of its connections; the first call for s logs it.
+func (ls *lease) endExpired(s *session, err error) {
+	if s.closeWith(err) {
+		ls.l.log.Info("nic: lease's known expiry passed: its session ended, its packets dropped", "lease", ls.spec.ID, "err", err)
+	}
 }
 
 // NewLender configures the kernel for lending cfg.Iface. Close undoes it.
@@ -352,6 +414,27 @@ func (ls *lease) end(ctx context.Context) {
 	}
 	ls.l.host.removeTUN(ctx, ls.tunName)
 	_ = closeTUN(ls.tun, ls.tunName) // deletes the interface and its routes
+}
+
+// SetLeaseDeadline makes dl the deadline of lease id (nil: none): a
+// packet of the lease forwarded once dl has passed, either way (from the
+// borrower into the lender's kernel, or from the kernel to the borrower),
+// is dropped (Stats.ExpiredDrops) and ends the lease's session, its
+// borrower told why (an ERROR frame of StatusGone on each connection);
+// a HELLO is refused likewise (a WELCOME of StatusGone). This holds from
+// dl on, though the lease's removal (RemoveLease: the agent's stop at the
+// expiry, which can come late) has not come yet. Moving dl
+// (clock.Deadline.Set: a renewal) serves the lease again: the borrower's
+// next session is welcome.
+func (l *Lender) SetLeaseDeadline(id string, dl *clock.Deadline) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls, ok := l.leases[id]
+	if !ok {
+		return fmt.Errorf("%w: no lease %s", ErrGone, id)
+	}
+	ls.deadline.Store(dl)
+	return nil
 }
 
 // Lease returns a lease's state.
@@ -609,7 +692,11 @@ func serveConn(c net.Conn, lookup func(id [LeaseIDSize]byte) *lease) {
 	l.log.Debug("nic: connection ended", "lease", ls.spec.ID, "err", err)
 	// The session's packets are numbered across its connections: without
 	// this one it cannot go on. The borrower opens a new one.
-	s.close(err)
+	if isExpired(err) {
+		ls.endExpired(s, err)
+	} else {
+		s.close(err)
+	}
 	ls.mu.Lock()
 	if ls.sess == s {
 		ls.sess = nil
@@ -625,6 +712,9 @@ func (ls *lease) join(h Hello) (*session, netip.Addr, error) {
 	defer l.mu.Unlock()
 	if ls.ended() {
 		return nil, netip.Addr{}, fmt.Errorf("%w: lease %s ended", ErrGone, ls.spec.ID)
+	}
+	if ls.expired() {
+		return nil, netip.Addr{}, ls.expiredErr()
 	}
 	l.at("join.checked")
 	if h.Addr.IsValid() && h.Addr != ls.addr {
@@ -706,25 +796,35 @@ func (ls *lease) wait(lim *rate.Limiter, n int) bool {
 
 // deliverUp writes a packet from the borrower into the lender's kernel: it
 // must be IPv4 from the lease's address, and waits for the lease's rate.
-func (ls *lease) deliverUp(pkt []byte) {
+// Once the lease's deadline has passed (checked after that wait, so that
+// it does not carry a packet past it) the packet is dropped and the
+// error (expiredError) ends the session.
+func (ls *lease) deliverUp(pkt []byte) error {
 	src, _, ok := ipv4(pkt)
 	if !ok || src != ls.addr {
 		ls.ctr.filter.Add(1)
-		return
+		return nil
 	}
 	if !ls.wait(ls.up, len(pkt)) {
-		return
+		return nil
+	}
+	if ls.expired() {
+		ls.ctr.expired.Add(1)
+		return ls.expiredErr()
 	}
 	if _, err := ls.tun.Write(pkt); err != nil {
 		ls.ctr.filter.Add(1)
-		return
+		return nil
 	}
 	ls.ctr.rxP.Add(1)
 	ls.ctr.rxB.Add(uint64(len(pkt)))
+	return nil
 }
 
 // downLoop carries what the kernel routes into the lease's TUN interface
-// (replies to the borrower) to the borrower, at the lease's rate.
+// (replies to the borrower) to the borrower, at the lease's rate. Once the
+// lease's deadline has passed (checked after the rate's wait) a packet is
+// dropped and ends the session (expire).
 func (ls *lease) downLoop() {
 	buf := make([]byte, MaxPacket)
 	for {
@@ -735,6 +835,10 @@ func (ls *lease) downLoop() {
 		pkt := buf[:n]
 		if !ls.wait(ls.down, n) {
 			return
+		}
+		if ls.expired() {
+			ls.expire()
+			continue
 		}
 		ls.mu.Lock()
 		s := ls.sess

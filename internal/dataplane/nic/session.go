@@ -18,21 +18,26 @@ type Stats struct {
 	NoPathDrops        uint64 // dropped: no connection or lender up for it
 	FilterDrops        uint64 // dropped: not IPv4, or a source address not the lease's
 	Reordered          uint64 // arrived ahead of an earlier packet and were held
+	// ExpiredDrops (lender): dropped, either way, because the lease's
+	// known expiry had passed (Lender.SetLeaseDeadline).
+	ExpiredDrops uint64
 }
 
 type counters struct {
-	txP, txB, rxP, rxB, credit, nopath, filter, reordered atomic.Uint64
+	txP, txB, rxP, rxB, credit, nopath, filter, reordered, expired atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
 	return Stats{TxPackets: c.txP.Load(), TxBytes: c.txB.Load(), RxPackets: c.rxP.Load(), RxBytes: c.rxB.Load(),
-		CreditDrops: c.credit.Load(), NoPathDrops: c.nopath.Load(), FilterDrops: c.filter.Load(), Reordered: c.reordered.Load()}
+		CreditDrops: c.credit.Load(), NoPathDrops: c.nopath.Load(), FilterDrops: c.filter.Load(), Reordered: c.reordered.Load(),
+		ExpiredDrops: c.expired.Load()}
 }
 
 // Add returns the sum of s and o.
 func (s Stats) Add(o Stats) Stats {
 	return Stats{s.TxPackets + o.TxPackets, s.TxBytes + o.TxBytes, s.RxPackets + o.RxPackets, s.RxBytes + o.RxBytes,
-		s.CreditDrops + o.CreditDrops, s.NoPathDrops + o.NoPathDrops, s.FilterDrops + o.FilterDrops, s.Reordered + o.Reordered}
+		s.CreditDrops + o.CreditDrops, s.NoPathDrops + o.NoPathDrops, s.FilterDrops + o.FilterDrops, s.Reordered + o.Reordered,
+		s.ExpiredDrops + o.ExpiredDrops}
 }
 
 // session is the K connections one borrower opened to one lease, seen from
@@ -42,7 +47,10 @@ type session struct {
 	id      uint64
 	striped bool // packets of one flow may use any connection
 	ctr     *counters
-	deliver func(pkt []byte) // in order; may block (the lender's rate)
+	// deliver takes each packet, in order; it may block (the lender's
+	// rate). An error ends the connection the packet came on (an ERROR
+	// frame of its status), and with it the session.
+	deliver func(pkt []byte) error
 
 	mu      sync.Mutex
 	qps     []*qp
@@ -60,7 +68,7 @@ type heldPkt struct {
 	q   *qp
 }
 
-func newSession(id uint64, conns int, striped bool, ctr *counters, deliver func([]byte)) *session {
+func newSession(id uint64, conns int, striped bool, ctr *counters, deliver func([]byte) error) *session {
 	return &session{id: id, striped: striped, ctr: ctr, deliver: deliver, qps: make([]*qp, conns), held: map[uint32]heldPkt{}}
 }
 
@@ -150,30 +158,56 @@ func (s *session) recv(q *qp, seq uint32, pkt []byte) error {
 		s.ctr.reordered.Add(1)
 		return nil
 	}
-	s.deliverOne(q, pkt)
+	if err := s.deliverOne(q, pkt); err != nil {
+		return err
+	}
 	for {
 		h, ok := s.held[s.next]
 		if !ok {
 			return nil
 		}
 		delete(s.held, s.next)
-		s.deliverOne(h.q, h.pkt)
+		if err := s.deliverOne(h.q, h.pkt); err != nil {
+			return err
+		}
 	}
 }
 
-func (s *session) deliverOne(q *qp, pkt []byte) {
+func (s *session) deliverOne(q *qp, pkt []byte) error {
 	s.next++
-	s.deliver(pkt)
+	if err := s.deliver(pkt); err != nil {
+		return err
+	}
 	q.delivered(len(pkt))
+	return nil
 }
 
 // close ends every connection with err and drops held packets.
 func (s *session) close(err error) {
-	s.rmu.Lock()
-	s.ended = true
-	s.held = map[uint32]heldPkt{}
-	s.rmu.Unlock()
+	s.end()
 	for _, q := range s.conns() {
 		q.fail(err)
 	}
+}
+
+// closeWith is close, telling the peer err on every connection (an ERROR
+// frame of its status) before it ends. It reports whether the session
+// was running until then (false: closed before).
+func (s *session) closeWith(err error) bool {
+	first := s.end()
+	for _, q := range s.conns() {
+		q.failWith(err)
+	}
+	return first
+}
+
+// end marks the session ended and drops held packets; it reports whether
+// it was not ended before.
+func (s *session) end() bool {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	first := !s.ended
+	s.ended = true
+	s.held = map[uint32]heldPkt{}
+	return first
 }

@@ -28,8 +28,8 @@ func pair(t *testing.T, conns int, window uint32, deliverA, deliverB func([]byte
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	a = newSession(1, conns, conns > 1, &counters{}, deliverA)
-	b = newSession(1, conns, conns > 1, &counters{}, deliverB)
+	a = newSession(1, conns, conns > 1, &counters{}, func(p []byte) error { deliverA(p); return nil })
+	b = newSession(1, conns, conns > 1, &counters{}, func(p []byte) error { deliverB(p); return nil })
 	var wg sync.WaitGroup
 	for k := range conns {
 		ca, err := net.Dial("tcp", ln.Addr().String())
@@ -112,7 +112,7 @@ func TestCreditEnforced(t *testing.T) {
 		t.Fatal(err)
 	}
 	recv := newQP(cb, 8192, 8192, time.Second)
-	s := newSession(1, 2, true, &counters{}, func([]byte) {})
+	s := newSession(1, 2, true, &counters{}, func([]byte) error { return nil })
 	s.join(1, recv)
 	errc := make(chan error, 1)
 	go func() { errc <- recv.run(func(sq uint32, p []byte) error { return s.recv(recv, sq, p) }) }()

@@ -71,13 +71,14 @@ func FuzzTunnelStream(f *testing.F) {
 		// The receive window in KiB, at least a 1500-byte packet's.
 		win := max(uint32(window)<<10, 1500)
 		var delivered [][]byte
-		s := newSession(1, conns, conns > 1, &counters{}, func(pkt []byte) {
+		s := newSession(1, conns, conns > 1, &counters{}, func(pkt []byte) error {
 			if len(pkt) < 20 || len(pkt) > MaxPacket {
 				t.Fatalf("delivered a %d-byte packet", len(pkt))
 			}
 			_, _, _ = ipv4(pkt)
 			_ = flowHash(pkt)
 			delivered = append(delivered, append([]byte(nil), pkt...))
+			return nil
 		})
 		accepted := map[uint32][]byte{}
 		streams := [][]byte{a, b}
