@@ -35,15 +35,48 @@ func dialDeaf(t *testing.T, addr string, cfg *tls.Config, kind uint8, session ui
 	return dialConnWith(t, dl, addr, cfg, kind, session, nil)
 }
 
-// flood sends requests h (64 at a time, numbered 1 to 64) on c from a
-// goroutine of its own, and never reads a reply, until a write fails (the
-// donor ended the connection, or the test half-closed or closed it); the
-// channel returned is closed then. The test's end closes c and waits for
-// the goroutine.
+// smallSendBuffer is a loopback listener whose connections' send
+// buffers are 4 KiB (the kernel doubles it), not grown by the kernel:
+// the donor's replies wait for its peer once the peer's receive window
+// and those few KiB are full.
+func smallSendBuffer(t *testing.T) net.Listener {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// flood sends requests h (1024 at a time, numbered 1 to 1024) on c from
+// a goroutine of its own, and never reads a reply, until a write fails
+// (the donor ended the connection, or the test half-closed or closed it);
+// the channel returned is closed then. The test's end closes c and waits
+// for the goroutine.
+//
+// The first batch (32 KiB of PINGs) reaches the donor whole, in the
+// receive window it opens with, and its answers alone fill the peer's
+// window and the donor's send buffer: the donor's wait for its peer
+// never depends on the peer's later requests getting through. With 64
+// at a time, a peer whose receive buffer was full had its kernel drop
+// the donor's segments and the acknowledgements they carried; its
+// requests were then retransmitted with exponential backoff (RTO 6.5 s)
+// and the donor, having answered all it had, waited for more rather
+// than for its peer (1 run of TestDeafPeerEndsItsConnection in 60 side
+// by side).
 func flood(t *testing.T, c *conn, h protocol.Header) <-chan struct{} {
 	t.Helper()
 	var batch []byte
-	for i := range 64 {
+	for i := range 1024 {
 		h.Seq = uint32(i + 1)
 		b := make([]byte, protocol.HeaderSize)
 		h.Encode(b)
@@ -112,10 +145,15 @@ func TestDeafPeerEndsItsConnection(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(fmt.Sprintf("%s/tls=%v", tc.name, withTLS), func(t *testing.T) {
 				set := func(d *donor.Donor) { d.SendWait = 200 * time.Millisecond }
-				td, cfg := memorytest.StartWith(t, 1<<20, 0, set), (*tls.Config)(nil)
+				serverTLS, cfg := (*tls.Config)(nil), (*tls.Config)(nil)
 				if withTLS {
-					td, cfg = memorytest.StartTLSWith(t, memorytest.ServerTLS(t, ca), 1<<20, 0, set), memorytest.ClientTLS(t, ca)
+					serverTLS, cfg = memorytest.ServerTLS(t, ca), memorytest.ClientTLS(t, ca)
 				}
+				// The donor's send buffer is small (not grown to 4 MiB by
+				// the kernel): its writes wait once a few KiB of answers
+				// are queued, whatever the kernel does with its peer's
+				// full receive buffer (see flood).
+				td := memorytest.StartOn(t, smallSendBuffer(t), serverTLS, 1<<20, 0, set)
 				var deaf *conn
 				if tc.kind == protocol.KindControl {
 					deaf, _ = dialDeaf(t, td.Addr, cfg, protocol.KindControl, 0)

@@ -91,6 +91,18 @@ func ClientTLS(t testing.TB, ca *pki.CA) *tls.Config {
 
 func start(t testing.TB, size int64, credits int, tlsCfg *tls.Config, set func(*donor.Donor)) *Donor {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return StartOn(t, ln, tlsCfg, size, credits, set)
+}
+
+// StartOn is StartWith (StartTLSWith if tlsCfg is set) serving on ln (a
+// listener whose sockets the test configured: a small send buffer, say),
+// which it closes at the test's end.
+func StartOn(t testing.TB, ln net.Listener, tlsCfg *tls.Config, size int64, credits int, set func(*donor.Donor)) *Donor {
+	t.Helper()
 	d := donor.New(nil)
 	d.TLS = tlsCfg
 	d.Credits = credits
@@ -98,10 +110,7 @@ func start(t testing.TB, size int64, credits int, tlsCfg *tls.Config, set func(*
 		set(d)
 	}
 	if err := d.AddRegion(Credential, size); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+		_ = ln.Close()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
