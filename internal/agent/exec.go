@@ -17,6 +17,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/httpx"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -588,7 +589,9 @@ func (a *Agent) confirmHeld(ctx context.Context, e Export) {
 // /agent/v1/ping (open, for RTT
 // probes) and GET /metrics.
 // An enrolled agent (Config.CAFile) serves it over TLS and takes the
-// bearer-key routes only from the control plane's certificate.
+// bearer-key routes only from the control plane's certificate. Every
+// request presenting a client certificate is checked against the
+// revocation list and the CA certificates held then (checkPeer).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /agent/v1/ping", func(w http.ResponseWriter, r *http.Request) {
@@ -603,7 +606,40 @@ func (a *Agent) Handler() http.Handler {
 	}))
 	a.transferRoutes(mux)
 	a.roleConfigRoute(mux)
-	return mux
+	return a.checkPeer(mux)
+}
+
+// checkPeer refuses a request whose connection presented a client
+// certificate that the revocation list held now revokes, or whose CA the
+// CA certificates held now no longer hold (dropped since: `rialto ca
+// drop-old`), with 401 and the connection closed (HTTP/2: a GOAWAY). The
+// handshake checked it against the list and the CA certificates of then;
+// a keep-alive connection opened before the revocation (the control
+// plane's, a peer's) would carry requests until it closed. This is the
+// check the control plane makes on every node call (its
+// checkPeerRevoked): a lookup by serial number.
+func (a *Agent) checkPeer(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.tls == nil || r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		err := a.tls.crl.CheckConn(*r.TLS)
+		if err == nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		leaf := r.TLS.PeerCertificates[0]
+		state, why := "revoked", "a revocation list the agent took since this connection's handshake names it"
+		if errors.Is(err, pki.ErrUntrusted) {
+			state, why = "no longer trusted", fmt.Sprintf("its CA (%q) was dropped since this connection's handshake", leaf.Issuer.CommonName)
+		}
+		a.log.Warn("refused a request: the connection's client certificate is "+state+"; the connection is closed",
+			"peer", r.RemoteAddr, "path", r.URL.Path, "serial", leaf.SerialNumber.Text(16), "subject", leaf.Subject.CommonName, "err", err)
+		w.Header().Set("Connection", "close")
+		httpx.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized,
+			fmt.Sprintf("the client certificate %q (serial %s) is %s: %s", leaf.Subject.CommonName, leaf.SerialNumber.Text(16), state, why))
+	})
 }
 
 // joinWait bounds how long a control-plane call waits for the agent to

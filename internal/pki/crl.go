@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"math/big"
 	"os"
+	"slices"
 	"sync"
 	"time"
 )
@@ -22,7 +23,10 @@ import (
 // qemu read too). A CRL whose signature does not verify is refused; an
 // older one (lower CRL number) never replaces a newer one. The handshake
 // checks a peer once (VerifyPeer); the connections registered with
-// Tracker are ended when a later list revokes their peer (track.go).
+// Tracker are ended when a later list revokes their peer, or when the CA
+// certificates in use no longer hold their peer's CA (SetRoots), and a
+// server checks each request of a connection made before with CheckConn
+// (track.go).
 //
 // Zero value: not usable; use NewCRL. Methods are safe for concurrent use.
 type CRL struct {
@@ -79,11 +83,20 @@ func (c *CRL) Update(b []byte) (bool, error) {
 
 // SetRoots makes roots the certificates that must sign later updates (a
 // CA bundle that replaced the one the list was made with, after a `rialto
-// ca rotate`). The list held stays in force.
+// ca rotate`). The list held stays in force. When roots lacks one of the
+// certificates before (`rialto ca drop-old`), the connections registered
+// with the list's Tracker whose peer's certificate chains to none of
+// roots are ended (track.go).
 func (c *CRL) SetRoots(roots []*x509.Certificate) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	dropped := slices.ContainsFunc(c.roots, func(old *x509.Certificate) bool {
+		return !slices.ContainsFunc(roots, old.Equal)
+	})
 	c.roots = roots
+	c.mu.Unlock()
+	if dropped {
+		c.endUntrusted()
+	}
 }
 
 func (c *CRL) setLocked(crl *x509.RevocationList, b []byte) bool {

@@ -38,7 +38,11 @@
 // checks the peer against the list held then; a connection made before
 // a revocation is ended when a list naming its peer's certificate is
 // taken, if it was registered with the list's [CRL.Tracker] (a borrower's
-// connections to its lenders: [Roots.Tracker]). Holders
+// connections to its lenders: [Roots.Tracker]), and so is one whose
+// peer's certificate chains to none of the CA certificates left once a
+// [CA.DropOld] is followed ([CRL.SetRoots], [ErrUntrusted]); a server
+// checks each request of a connection against both with [CRL.CheckConn]
+// (the agent's API). Holders
 // of copies of one CA directory that share a record of the list elsewhere
 // (the control plane's replicas, in their store) sign that list with its
 // own number ([CA.Adopt]), so that each copy's ca-crl.pem is the same

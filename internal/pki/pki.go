@@ -65,6 +65,10 @@ var (
 	ErrNoCA = errors.New("pki: no CA")
 	// ErrRevoked is returned by CA.VerifyPeer for a revoked certificate.
 	ErrRevoked = errors.New("pki: certificate revoked")
+	// ErrUntrusted is a certificate that no longer chains to a CA
+	// certificate in use: its CA was dropped (`rialto ca drop-old`) since
+	// a handshake verified it (CRL.SetRoots, CRL.CheckConn).
+	ErrUntrusted = errors.New("pki: certificate no longer trusted: its CA was dropped")
 	// ErrBadRequest is a certificate request or CSR that cannot be signed.
 	ErrBadRequest = errors.New("pki: bad certificate request")
 )

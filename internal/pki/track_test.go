@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -232,4 +233,158 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestTrackerEndsConnectionsOfADroppedCA: a client holding its copy of
+// the CA certificates (Roots) registers its TLS connections (Tracker);
+// a rotation it follows (Use: the new CA's certificate and the old one's)
+// ends none, and once it takes the bundle of a `rialto ca drop-old` (the
+// new CA's alone), its connections to a server still presenting a
+// certificate of the old CA end at once (ErrUntrusted), with a log line
+// naming the peer, the serial number, the old CA and "no longer
+// trusted", whether its handshake verified a chain or pinned the
+// server's key (no chain verified), while those to a server of the new
+// CA go on. A registration of a connection to the old CA's server is
+// refused from then on, and CheckConn, a server's check on each request,
+// refuses its peer too. Before, a connection lived as long as its
+// handshake had verified: the dropped CA's server went on serving it.
+func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
+	t.Parallel()
+	ca, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), CACertFile)
+	if err := os.WriteFile(file, ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := LoadRoots(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	track := r.Tracker(slog.New(slog.NewTextHandler(&logs, nil)))
+	type conn struct {
+		tc    *tls.Conn
+		ended chan error
+	}
+	dial := func(addr string, pinned bool) conn {
+		t.Helper()
+		cfg := r.ClientTLS()
+		cfg.ServerName = "127.0.0.1"
+		if pinned { // as a memory lease's handed-off connection: no chain verified
+			cfg.InsecureSkipVerify, cfg.VerifyConnection = true, nil
+		}
+		tc, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tc.Close() })
+		if cs := tc.ConnectionState(); pinned != (len(cs.VerifiedChains) == 0) {
+			t.Fatalf("dial of %s (pinned %v): %d chains verified", addr, pinned, len(cs.VerifiedChains))
+		}
+		c := conn{tc: tc, ended: make(chan error, 1)}
+		if _, err := track(addr, tc.ConnectionState(), func(err error) {
+			c.ended <- err
+			tc.Close()
+		}); err != nil {
+			t.Fatalf("tracking a connection to %s: %v", addr, err)
+		}
+		return c
+	}
+	echo := func(c conn) error {
+		t.Helper()
+		c.tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.tc.Write([]byte("ping\n")); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(c.tc).ReadString('\n')
+		if err == nil && line != "ping\n" {
+			t.Fatalf("echo: %q", line)
+		}
+		return err
+	}
+	notEnded := func(what string, cs ...conn) {
+		t.Helper()
+		for _, c := range cs {
+			select {
+			case err := <-c.ended:
+				t.Fatalf("%s: a connection was ended: %v", what, err)
+			default:
+			}
+			if err := echo(c); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+	}
+
+	srvOld := echoServer(t, ca, "dropped-old")
+	oldCA := ca.Certificate()
+	old, oldPinned := dial(srvOld.addr, false), dial(srvOld.addr, true)
+	if err := ca.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := ParseCerts(ca.CertPEM())
+	if err != nil || len(rotated) != 2 {
+		t.Fatalf("the rotated bundle: %d certificates, %v", len(rotated), err)
+	}
+	if took, err := r.Use(rotated); err != nil || !took {
+		t.Fatalf("Use of the rotated bundle: %v, %v", took, err)
+	}
+	notEnded("a rotation adding a CA", old, oldPinned)
+	srvNew := echoServer(t, ca, "dropped-new")
+	cur, curPinned := dial(srvNew.addr, false), dial(srvNew.addr, true)
+
+	if err := ca.DropOld(); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := ParseCerts(ca.CertPEM())
+	if err != nil || len(dropped) != 1 {
+		t.Fatalf("the bundle after drop-old: %d certificates, %v", len(dropped), err)
+	}
+	if took, err := r.Use(dropped); err != nil || !took {
+		t.Fatalf("Use of drop-old's bundle: %v, %v", took, err)
+	}
+	for _, c := range []conn{old, oldPinned} {
+		select {
+		case err := <-c.ended:
+			if !errors.Is(err, ErrUntrusted) {
+				t.Fatalf("the connection to the old CA's server ended with %v, want %v", err, ErrUntrusted)
+			}
+		default:
+			t.Fatal("the connection to a server presenting a certificate of the dropped CA was not ended when the client took the bundle without it")
+		}
+		if err := echo(c); err == nil {
+			t.Fatal("the connection to the dropped CA's server still carries data")
+		}
+	}
+	if n := strings.Count(logs.String(), "no longer trusted: its CA was dropped"); n != 2 {
+		t.Fatalf("want two lines ending the two connections:\n%s", logs.String())
+	}
+	for _, want := range []string{"peer=" + srvOld.addr, "serial=" + srvOld.serial().Text(16), "subject=dropped-old", "issuer=" + strconv.Quote(oldCA.Subject.CommonName)} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("the log does not say %q:\n%s", want, logs.String())
+		}
+	}
+	notEnded("a server of the CA kept", cur, curPinned)
+
+	oldCS := old.tc.ConnectionState()
+	if _, err := track(srvOld.addr, oldCS, func(error) {}); !errors.Is(err, ErrUntrusted) {
+		t.Fatalf("tracking a connection to the dropped CA's server: %v, want %v", err, ErrUntrusted)
+	}
+	if err := r.crl.CheckConn(oldCS); !errors.Is(err, ErrUntrusted) {
+		t.Fatalf("CheckConn of the dropped CA's server: %v, want %v", err, ErrUntrusted)
+	}
+	if err := r.crl.CheckConn(cur.tc.ConnectionState()); err != nil {
+		t.Fatalf("CheckConn of the kept CA's server: %v", err)
+	}
+	if err := ca.Revoke(srvNew.serial()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.UseCRL(ca.CRLPEM()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.crl.CheckConn(cur.tc.ConnectionState()); !errors.Is(err, ErrRevoked) {
+		t.Fatalf("CheckConn of a revoked server: %v, want %v", err, ErrRevoked)
+	}
 }
