@@ -9,11 +9,13 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
+	"github.com/rialto-project/rialto/internal/dataplane/accel"
 )
 
 func init() {
@@ -74,6 +76,7 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 	asHex := fs.Bool("hex", false, "print the output in hexadecimal")
 	slot := fs.Int("slot", 0, "which of the lease's slots to use")
 	data := fs.String("data", "", "the input as literal `TEXT` (as in curl, @FILE reads FILE, @@TEXT is TEXT starting with @)")
+	watch := fs.Duration("watch", 5*time.Second, "with --cacert, how often to take the control plane's revocation list (and a newer ca-crl.pem beside --cacert) while the task runs: the connection to a lender whose certificate it revokes is ended (0: never)")
 	return func(ctx context.Context, pos []string) error {
 		var err error
 		given := 0
@@ -110,6 +113,11 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("input: %w", err)
 			}
 		}
+		// The revocation list follows the control plane's while the task
+		// runs (--watch), as attach's does.
+		if err := cf.followRoots(); err != nil {
+			return err
+		}
 		c, err := cf.client()
 		if err != nil {
 			return err
@@ -133,11 +141,20 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		conn, err := borrower.DialAccel(ctx, tgt, dataTLS)
+		log, err := newLogger(e, "warn")
+		if err != nil {
+			return err
+		}
+		var opts []accel.DialOption
+		if track := cf.dataTrack(log); track != nil {
+			opts = append(opts, accel.WithTrack(track))
+		}
+		conn, err := borrower.DialAccel(ctx, tgt, dataTLS, opts...)
 		if err != nil {
 			return fmt.Errorf("lease %s: %w", l.ID, err)
 		}
 		defer conn.Close()
+		defer followCA(ctx, cf.caFollower(c, log), *watch)()
 		info := conn.Info()
 		if info.Role == "" {
 			return fmt.Errorf("lease %s's slot runs no role; create the lease with --role %s", l.ID, role)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/testcluster"
@@ -143,4 +144,84 @@ func agentLeaf(ctx context.Context, t *testing.T, c *testcluster.Cluster, id str
 	}
 	defer conn.Close()
 	return conn.ConnectionState().PeerCertificates[0]
+}
+
+// TestAttachMemoryEndsRevokedDonor: TestAttachTakesRevocationList for a
+// memory lease. Once a --watch takes the control plane's list naming the
+// donor's certificate, every connection of attach's session to the donor
+// is ended, each with a log line naming the donor's address and the
+// serial number; the read through the export that finds the session
+// lost asks the control plane where the lease is, finds it at the same
+// donor, redials it once, fails the handshake against the list and
+// fails, with a log line saying so, while the donor keeps serving. Before,
+// the session's connections open at the revocation went on serving.
+func TestAttachMemoryEndsRevokedDonor(t *testing.T) {
+	t.Parallel()
+	c := testcluster.Start(t, testcluster.Options{TLS: true, Nodes: 1, Devices: []agent.DeviceConfig{
+		{Name: "mem0", Kind: api.KindMemory, Size: 16 << 20},
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindMemory, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, state, logs := attachWithCACopyLog(ctx, t, c, l.ID)
+	before := bytes.Repeat([]byte("in memory before the revocation "), 1024)
+	if _, err := nc.WriteAtContext(ctx, before, 8192, true); err != nil {
+		t.Fatal(err)
+	}
+	uris, err := borrower.MemoryURIs(c.Lease(l.ID))
+	if err != nil || len(uris) != 1 || !uris[0].TLS {
+		t.Fatalf("the lease's URIs: %+v, %v", uris, err)
+	}
+	donor := c.Nodes[0]
+	leaf := agentLeaf(ctx, t, c, donor.ID())
+
+	donor.PauseHeartbeats(true)
+	revoker, err := pki.Load(c.CA.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := revoker.Revoke(leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	c.Sweep() // the control plane takes the directory's list
+	num := c.CA.CRLNumber().Int64()
+	if !c.CA.Revoked(leaf.SerialNumber) || num == 0 {
+		t.Fatalf("the control plane did not take the revocation (list %d)", num)
+	}
+	testcluster.Eventually(t, 30*time.Second, "attach records the control plane's revocation list in its state file", func() bool {
+		return attachStateOf(t, state).CRLNumber >= num
+	})
+	var ended []string
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(line, "ending a TLS connection: its peer's certificate is revoked") {
+			ended = append(ended, line)
+		}
+	}
+	// The session's control, sync, bulk (2) and queue connections.
+	if len(ended) != 5 {
+		t.Fatalf("attach took the list revoking its donor, and ended %d connections to it, want 5:\n%s", len(ended), logs.String())
+	}
+	for _, line := range ended {
+		if !strings.Contains(line, "peer="+uris[0].Address) || !strings.Contains(line, "serial="+leaf.SerialNumber.Text(16)) {
+			t.Fatalf("the line ending a connection does not name the donor (%s) and its serial number (%s): %s", uris[0].Address, leaf.SerialNumber.Text(16), line)
+		}
+	}
+	if got := c.Lease(l.ID).State; got != api.LeaseActive {
+		t.Fatalf("the lease is %s, want active", got)
+	}
+
+	got := make([]byte, len(before))
+	if _, err := nc.ReadAt(got, 8192); err == nil {
+		t.Fatalf("a read through the attachment was answered by the revoked donor (bytes intact: %v)", bytes.Equal(got, before))
+	}
+	if !strings.Contains(logs.String(), "the region's donor presents a revoked certificate: not opening a session there again") ||
+		!strings.Contains(logs.String(), pki.ErrRevoked.Error()) {
+		t.Fatalf("the read failed, but attach's log does not say the redial found the donor's certificate revoked:\n%s", logs.String())
+	}
+	if !donor.Serves(l.ID) {
+		t.Fatal("the donor no longer serves the lease")
+	}
 }

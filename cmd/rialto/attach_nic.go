@@ -59,7 +59,7 @@ func attachNIC(ctx context.Context, e *env, c *api.Client, cf *clientFlags, l ap
 		return c.Lease(ctx, l.ID)
 	}
 	ifc, err := borrower.AttachNIC(ctx, l, borrower.NICConfig{Name: nf.iface, Mode: mode, Conns: conns, DefaultRoute: nf.defaultRoute, TLS: dataTLS,
-		Lease: readLease, Logger: log})
+		Lease: readLease, Track: cf.dataTrack(log), Logger: log})
 	if err != nil {
 		os.Remove(ctlPath)
 		return fmt.Errorf("attach %s: %w", l.ID, err)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/pki"
@@ -59,6 +60,36 @@ func (cf *clientFlags) caFollower(c *api.Client, log *slog.Logger) *caFollower {
 		}
 	}
 	return &caFollower{roots: cf.roots, c: c, log: log, https: https}
+}
+
+// followCA has f (nil: nothing) check every watch (0: never), from
+// another goroutine, until the function it returns is called (which
+// waits for it): a verb that holds a data-plane connection for as long
+// as its task runs (rialto accel run) ends it once the list taken
+// revokes its lender, as attach does at its watch.
+func followCA(ctx context.Context, f *caFollower, watch time.Duration) (stop func()) {
+	if f == nil || watch <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(watch)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				f.check(ctx)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // check takes the --cacert file's certificates if an operator replaced

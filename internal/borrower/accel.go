@@ -55,13 +55,16 @@ func AccelSlots(l api.Lease) ([]AccelSlot, error) {
 // DialAccel connects to target s and authenticates with its credential;
 // the returned connection's Info says which role the slot runs. A target
 // that requires TLS is dialled with tlsCfg (as AttachConfig.TLS; nil
-// trusts the system's CAs).
-func DialAccel(ctx context.Context, s AccelSlot, tlsCfg *tls.Config) (*accel.Conn, error) {
+// trusts the system's CAs). opts are more of accel.Dial's: accel.WithTrack
+// (the Tracker of the revocation list tlsCfg checks lenders with) ends
+// the connection once a list taken later revokes the lender's
+// certificate.
+func DialAccel(ctx context.Context, s AccelSlot, tlsCfg *tls.Config, opts ...accel.DialOption) (*accel.Conn, error) {
 	if !s.TLS {
 		return accel.Dial(ctx, s.Address, []byte(s.Credential))
 	}
 	if tlsCfg == nil {
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	return accel.Dial(ctx, s.Address, []byte(s.Credential), accel.WithTLS(tlsCfg))
+	return accel.Dial(ctx, s.Address, []byte(s.Credential), append([]accel.DialOption{accel.WithTLS(tlsCfg)}, opts...)...)
 }

@@ -43,10 +43,12 @@ type AttachConfig struct {
 	// handed it out, says how each part is reached.
 	TLS func() *tls.Config
 	// Track, if set, is handed each TLS connection to a block lease's
-	// parts (stripe.AttachConfig.Track): normally the Tracker of the
-	// revocation list TLS checks lenders with (pki.Roots.Tracker), so
-	// that a connection to a lender whose certificate a later list
-	// revokes ends then, rather than when it breaks.
+	// parts (stripe.AttachConfig.Track) and of a memory lease's session
+	// (client.Options.Track): normally the Tracker of the revocation
+	// list TLS checks lenders with (pki.Roots.Tracker), so that a
+	// connection to a lender whose certificate a later list revokes ends
+	// then, rather than when it breaks; the part is given up, and the
+	// memory session not opened there again, unless the lease moved.
 	Track pki.TrackFunc
 	// WriteBack acknowledges a block lease's plain writes once sent to
 	// their lenders, before their replies (a volatile write cache that

@@ -44,7 +44,7 @@ func attachMemory(ctx context.Context, src LeaseSource, l api.Lease, cfg AttachC
 	if cfg.TLS != nil {
 		tc = cfg.TLS()
 	}
-	f, err := followMemory(ctx, src, l, 0, client.Options{Timeout: cfg.RequestTimeout, TLS: tc}, cfg.TLS, cfg.Logger)
+	f, err := followMemory(ctx, src, l, 0, client.Options{Timeout: cfg.RequestTimeout, TLS: tc, Track: cfg.Track}, cfg.TLS, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // NICConfig configures AttachNIC; zero fields take nic.Config's defaults.
@@ -31,7 +32,13 @@ type NICConfig struct {
 	// restarted with the other --insecure-dataplane setting, and serves
 	// rialto-nic:// where it served rialto-nics://, or the other way) is
 	// redialled with its part's URI in it (nic.Config.Refresh).
-	Lease  func(ctx context.Context) (api.Lease, error)
+	Lease func(ctx context.Context) (api.Lease, error)
+	// Track, if set, is handed each tunnel connection under TLS
+	// (nic.Config.Track): normally the Tracker of the revocation list
+	// TLS checks lenders with (pki.Roots.Tracker), so that the tunnels to
+	// a lender whose certificate a later list revokes end then, and the
+	// lender is dropped from the bond when its redial is refused.
+	Track  pki.TrackFunc
 	Logger *slog.Logger
 }
 
@@ -179,7 +186,7 @@ func AttachNIC(ctx context.Context, l api.Lease, cfg NICConfig) (*NICAttachment,
 		}
 	}
 	i, err := nic.Attach(ctx, nic.Config{Members: ms, Mode: cfg.Mode, Conns: cfg.Conns, Name: cfg.Name,
-		DefaultRoute: cfg.DefaultRoute, TLS: cfg.TLS, Refresh: refresh, Logger: cfg.Logger})
+		DefaultRoute: cfg.DefaultRoute, TLS: cfg.TLS, Track: cfg.Track, Refresh: refresh, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", l.ID, err)
 	}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // Conn is a client connection to one target (a slot or a gateway).
@@ -29,18 +31,37 @@ type Conn struct {
 	quit chan struct{} // closed by Close
 	once sync.Once
 	wg   sync.WaitGroup
+
+	// untrack, if set (WithTrack), takes the connection off the
+	// revocation list's tracker once the reader exits (mu); ended is set
+	// then.
+	untrack func()
+	ended   bool
 }
 
 // DialOption configures Dial.
 type DialOption func(*dialOptions)
 
-type dialOptions struct{ tls *tls.Config }
+type dialOptions struct {
+	tls   *tls.Config
+	track pki.TrackFunc
+}
 
 // WithTLS runs the connection inside a TLS session with cfg (a target that
 // requires TLS: a rialto-accels:// URI; normally pki.LoadClientTLS of the
 // cluster CA's certificate). An empty ServerName is the host dialled. A
 // nil cfg means plaintext.
 func WithTLS(cfg *tls.Config) DialOption { return func(o *dialOptions) { o.tls = cfg } }
+
+// WithTrack hands track the TLS connection once it is established (the
+// target's certificate), with the function that ends it: a revocation
+// list's Tracker (pki.CRL.Tracker, pki.Roots.Tracker) ends the
+// connection when a list it takes later revokes the target's
+// certificate. Calls in flight and later fail with ErrClosed, wrapping
+// why (pki.ErrRevoked). A connection track refuses (a list taken since
+// the handshake revokes the target) fails the dial as a failed
+// handshake does. A plaintext connection is not handed.
+func WithTrack(track pki.TrackFunc) DialOption { return func(o *dialOptions) { o.track = track } }
 
 // Dial connects to addr and authenticates with the lease credential.
 func Dial(ctx context.Context, addr string, credential []byte, opts ...DialOption) (*Conn, error) {
@@ -53,6 +74,7 @@ func Dial(ctx context.Context, addr string, credential []byte, opts ...DialOptio
 	if err != nil {
 		return nil, fmt.Errorf("accel: dial %s: %w", addr, err)
 	}
+	raw := nc
 	if o.tls != nil {
 		cfg := o.tls
 		if cfg.ServerName == "" {
@@ -84,7 +106,33 @@ func Dial(ctx context.Context, addr string, credential []byte, opts ...DialOptio
 		_ = nc.Close()
 		return nil, err
 	}
+	if tc, ok := nc.(*tls.Conn); ok && o.track != nil {
+		untrack, err := o.track(addr, tc.ConnectionState(), func(why error) {
+			c.fail(fmt.Errorf("%w: %w", ErrClosed, why))
+			// Under the TLS session: nothing more is said to a target
+			// whose certificate is revoked.
+			_ = raw.Close()
+		})
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("accel: TLS handshake with %s: %w", addr, err)
+		}
+		c.setUntrack(untrack)
+	}
 	return c, nil
+}
+
+// setUntrack makes the reader's exit call f (at once if it exited).
+func (c *Conn) setUntrack(f func()) {
+	c.mu.Lock()
+	if !c.ended {
+		c.untrack = f
+		f = nil
+	}
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // NewConn runs the HELLO exchange on an established connection and returns
@@ -166,6 +214,15 @@ func (c *Conn) fail(err error) {
 
 func (c *Conn) reader(br *bufio.Reader) {
 	defer close(c.done)
+	defer func() {
+		c.mu.Lock()
+		f := c.untrack
+		c.untrack, c.ended = nil, true
+		c.mu.Unlock()
+		if f != nil {
+			f()
+		}
+	}()
 	max := c.info.MaxPayload
 	if max < DefaultMaxPayload {
 		max = DefaultMaxPayload

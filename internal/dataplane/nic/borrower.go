@@ -18,6 +18,7 @@ import (
 
 	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/networds"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/vishvananda/netlink"
 )
 
@@ -96,6 +97,17 @@ type Config struct {
 	// ServerName is the host of the member's address. TLS 1.3 is the
 	// minimum. Attach refuses a TLS member without it.
 	TLS func() *tls.Config
+	// Track, if set, is handed each tunnel connection under TLS once its
+	// handshake is done (pki.TrackFunc): normally the Tracker of the
+	// revocation list TLS checks lenders with (pki.Roots.Tracker). When a
+	// list it takes later revokes the lender's certificate, the
+	// connection is ended at once (ErrTLS, wrapping pki.ErrRevoked), and
+	// so the member's session; its redial fails the handshake against
+	// the list, and the member is then dropped (MemberStatus.Dropped,
+	// Err saying why), not redialled, unless Refresh has its lender
+	// elsewhere now. A connection Track refuses (a list taken since its
+	// handshake revokes the lender) fails as a failed handshake does.
+	Track pki.TrackFunc
 	// Refresh, if set, is asked for member k's current Member (Members'
 	// index) when a redial of it is refused for its URI's scheme: a TLS
 	// lender was sent a plaintext HELLO (ErrTLSRequired), or a plaintext
@@ -587,6 +599,18 @@ func (m *member) dial(ctx context.Context, want netip.Addr) (*session, Welcome, 
 		want = w.Addr
 		_ = c.SetDeadline(time.Time{})
 		q := newQP(c, w.Window, cfg.Window, cfg.Keepalive)
+		if tc, ok := c.(*tls.Conn); ok && cfg.Track != nil {
+			// A list taken since the handshake is checked here: nothing
+			// was carried on the connection yet.
+			untrack, err := cfg.Track(mm.Addr, tc.ConnectionState(), func(why error) {
+				q.fail(fmt.Errorf("%w: lender %s: %w", ErrTLS, mm.Addr, why))
+			})
+			if err != nil {
+				c.Close()
+				return fail(tlsDialErr(mm.Addr, err))
+			}
+			q.setUntrack(untrack)
+		}
 		qps = append(qps, q)
 		s.join(k, q)
 		if k == 0 {
@@ -608,7 +632,15 @@ func (m *member) run(ctx context.Context, s *session) {
 			s, w, err = m.dial(ctx, m.i.addr)
 			if err != nil {
 				m.setDown(err)
-				if !refreshed && refusedForScheme(err) && m.refresh(ctx) {
+				if errors.Is(err, pki.ErrRevoked) && !m.refresh(ctx, "its part's URI changed since its certificate was found revoked") {
+					// No redial will verify this lender (its node
+					// removed, its certificate revoked by an operator).
+					m.dropped.Store(true)
+					m.i.log.Error("nic: the lender presents a revoked certificate: dropped from the bond, not redialled",
+						"lender", m.member().Addr, "left", len(m.i.members)-m.i.droppedCount(), "err", err)
+					return
+				}
+				if !refreshed && refusedForScheme(err) && m.refresh(ctx, "its URI changed scheme") {
 					// The lease's URI changed scheme: redial it at once
 					// (once: a second refusal waits like any other).
 					refreshed = true
@@ -662,9 +694,10 @@ func refusedForScheme(err error) bool {
 }
 
 // refresh asks Config.Refresh for the member's current lender after a
-// dial refused for its scheme, and reports whether it changed (then the
-// member is redialled with it).
-func (m *member) refresh(ctx context.Context) bool {
+// dial refused for its scheme, or for its certificate revoked, and
+// reports whether it changed (then the member is redialled with it;
+// what says how, in the log).
+func (m *member) refresh(ctx context.Context, what string) bool {
 	cfg := m.i.cfg
 	if cfg.Refresh == nil {
 		return false
@@ -685,7 +718,7 @@ func (m *member) refresh(ctx context.Context) bool {
 	m.mu.Lock()
 	m.m = nm
 	m.mu.Unlock()
-	m.i.log.Info("nic: a lender's URI changed scheme; redialling it", "lender", nm.Addr, "tls", nm.TLS)
+	m.i.log.Info("nic: redialling a lender: "+what, "lender", nm.Addr, "tls", nm.TLS)
 	return true
 }
 

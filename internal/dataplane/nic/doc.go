@@ -22,7 +22,10 @@
 // The tunnel runs under TLS 1.3 with the lender's node certificate
 // (LenderConfig.TLS, Mux.UseTLS; rialto-nics:// URIs), which the borrower
 // verifies against the cluster CA (Config.TLS), or in plaintext
-// (rialto-nic://). Inside it (proto.go) is a handshake — HELLO naming the
+// (rialto-nic://). A borrower that registers its tunnel connections with
+// its revocation list (Config.Track) ends them once it takes a list
+// revoking the lender's certificate, and drops that lender when its
+// redial fails the handshake against the list. Inside it (proto.go) is a handshake — HELLO naming the
 // lease, the lender's random CHALLENGE, the borrower's PROOF (an HMAC
 // keyed by the lease credential, which never crosses the wire), WELCOME —
 // then frames: DATA (one IP packet, numbered), CREDIT (cumulative bytes

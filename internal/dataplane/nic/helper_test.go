@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/netns"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // The tests run lenders and borrowers as processes of this test binary
@@ -105,6 +107,11 @@ type borrowerSpec struct {
 	// must chain to, for ServerName (empty: the host dialled).
 	CAPEM      []byte `json:"ca,omitempty"`
 	ServerName string `json:"server_name,omitempty"`
+	// CRLPEM, if set, is the CA's revocation list the borrower starts
+	// with: it refuses the lenders it names, and its tunnel connections
+	// are registered with it (Config.Track), so that a list taken later
+	// ("crl FILE") ends those to a lender it revokes.
+	CRLPEM []byte `json:"crl,omitempty"`
 }
 
 // clientTLSConfig is the borrower's TLS configuration for the CA in caPEM
@@ -133,6 +140,9 @@ type borrowerReport struct {
 	Routes  []netip.Prefix `json:"routes"`
 	Stats   Stats          `json:"stats"`
 	Members []MemberStatus `json:"members"`
+	// Log is the borrower's log so far, in the report of a "crl" or
+	// "log" command.
+	Log string `json:"log,omitempty"`
 }
 
 func helperBorrower() int {
@@ -141,27 +151,65 @@ func helperBorrower() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logs := &syncWriter{w: &strings.Builder{}}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tcfg, err := clientTLSConfig(spec.CAPEM, spec.ServerName)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	var crl *pki.CRL
+	var track pki.TrackFunc
+	if spec.CRLPEM != nil {
+		roots, err := pki.ParseCerts(spec.CAPEM)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		crl = pki.NewCRL(roots)
+		if _, err := crl.Update(spec.CRLPEM); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		tcfg.VerifyConnection = crl.VerifyPeer
+		track = crl.Tracker(log)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	i, err := Attach(ctx, Config{Members: spec.Members, Mode: spec.Mode, Conns: spec.Conns, Name: spec.Name, TLS: staticTLS(tcfg), Logger: log})
+	i, err := Attach(ctx, Config{Members: spec.Members, Mode: spec.Mode, Conns: spec.Conns, Name: spec.Name, TLS: staticTLS(tcfg), Track: track, Logger: log})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer i.Close()
-	report := func() {
-		b, _ := json.Marshal(borrowerReport{Addr: i.Addr(), Routes: i.Routes(), Stats: i.Stats(), Members: i.Members()})
+	report := func(withLog bool) {
+		r := borrowerReport{Addr: i.Addr(), Routes: i.Routes(), Stats: i.Stats(), Members: i.Members()}
+		if withLog {
+			r.Log = logs.String()
+		}
+		b, _ := json.Marshal(r)
 		fmt.Println(string(b))
 	}
-	report()
+	report(false)
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		// "crl FILE" has the borrower take the revocation list in FILE,
+		// then reports, with the log.
+		if file, ok := strings.CutPrefix(sc.Text(), "crl "); ok {
+			b, err := os.ReadFile(file)
+			if err == nil && crl != nil {
+				_, err = crl.Update(b)
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+			report(true)
+			continue
+		}
+		if sc.Text() == "log" {
+			report(true)
+			continue
+		}
 		// "drop K" drops member K (its part declared lost), then reports.
 		if k, ok := strings.CutPrefix(sc.Text(), "drop "); ok {
 			n, _ := strconv.Atoi(k)
@@ -169,7 +217,7 @@ func helperBorrower() int {
 				fmt.Fprintln(os.Stderr, err)
 			}
 		}
-		report()
+		report(false)
 	}
 	return 0
 }

@@ -42,6 +42,9 @@ type qp struct {
 	done     chan struct{}
 	errOnce  sync.Once
 	err      error
+	// untrack, if set (setUntrack), takes the connection off the
+	// revocation list's tracker once it ended (mu).
+	untrack func()
 }
 
 func newQP(c net.Conn, sendWindow, recvWindow uint32, keepalive time.Duration) *qp {
@@ -58,10 +61,29 @@ func (q *qp) fail(err error) {
 		q.err = err
 		q.mu.Lock()
 		q.closed = true
+		untrack := q.untrack
+		q.untrack = nil
 		q.mu.Unlock()
 		close(q.done)
 		_ = q.c.Close()
+		if untrack != nil {
+			untrack()
+		}
 	})
+}
+
+// setUntrack makes the connection's end call f (at once if it ended
+// already): its registration with a revocation list (Config.Track).
+func (q *qp) setUntrack(f func()) {
+	q.mu.Lock()
+	if !q.closed {
+		q.untrack = f
+		f = nil
+	}
+	q.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // failWith sends an ERROR frame to the peer (best effort) and ends.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rialto-project/rialto/internal/dataplane/memory/internal/rawconn"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // Channel selects how a request travels.
@@ -70,6 +71,18 @@ type Options struct {
 	// empty ServerName is the host of the donor's address. Nil speaks
 	// plaintext, which such a donor refuses (ErrTLSRequired).
 	TLS *tls.Config
+	// Track, if set, is handed each TLS connection of the session once
+	// its handshake is done (pki.TrackFunc): normally the Tracker of the
+	// revocation list TLS checks donors with (pki.Roots.Tracker). When a
+	// list it takes later revokes the certificate the donor presented,
+	// the session is lost (its requests fail with an error wrapping
+	// protocol.ErrDonorLost and pki.ErrRevoked) and its connections to
+	// that donor are ended at once; a Following then opens no session
+	// there again (see Following). A connection Track refuses (a list
+	// taken since its handshake revokes the donor) fails as a failed
+	// handshake does. Connections handed to another process (Handoff)
+	// are not tracked: the donor ends them with the session.
+	Track pki.TrackFunc
 	// MoveGeneration, for a move's source only: the generation of the
 	// region it sends (donor.RegionGeneration), carried in the session's
 	// control HELLO (protocol.MoveGeneration) so that the destination's
@@ -214,6 +227,17 @@ func (c *Client) newRaw(ctx context.Context, kind uint8, replaces uint32) (*rawc
 	if err := p.StartTLS(c.tlsConfig(), false); err != nil {
 		p.Close()
 		return nil, 0, tlsDialErr(c.addr, err)
+	}
+	if c.opts.Track != nil {
+		untrack, err := c.opts.Track(c.addr, p.ConnectionState(), func(why error) {
+			c.revoked(why)
+			p.Shutdown()
+		})
+		if err != nil {
+			p.Close()
+			return nil, 0, tlsDialErr(c.addr, err)
+		}
+		p.OnClose(untrack)
 	}
 	rep, err := c.hello(p, kind, replaces)
 	if err != nil {
@@ -409,10 +433,28 @@ func (c *Client) handshake(ctx context.Context, kind uint8, replaces uint32) (ne
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
 	if c.opts.TLS != nil {
+		var tcp *trackedConn
+		if c.opts.Track != nil {
+			tcp = &trackedConn{Conn: conn}
+			conn = tcp
+		}
 		tc := tls.Client(conn, c.tlsConfig())
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = conn.Close()
 			return nil, rep, tlsDialErr(c.addr, err)
+		}
+		if tcp != nil {
+			// Ended under the TLS session: nothing more is said to a
+			// donor whose certificate is revoked.
+			untrack, err := c.opts.Track(c.addr, tc.ConnectionState(), func(why error) {
+				c.revoked(why)
+				_ = tcp.Close()
+			})
+			if err != nil {
+				_ = tcp.Close()
+				return nil, rep, tlsDialErr(c.addr, err)
+			}
+			tcp.setUntrack(untrack)
 		}
 		conn = tc
 	}
@@ -537,6 +579,57 @@ func (c *Client) lost(err error) {
 			q.lose(err)
 		}
 	})
+}
+
+// revoked loses the session because a revocation list names the
+// certificate its donor presented on one of its connections (why, from
+// Options.Track; the caller ends that connection): no request goes out
+// on the session any more.
+func (c *Client) revoked(why error) {
+	c.lost(fmt.Errorf("%w: the session with %s was ended: %w", protocol.ErrDonorLost, c.addr, why))
+}
+
+// trackedConn is the TCP connection under a TLS connection of the
+// session that a revocation list tracks (Options.Track): closing it
+// takes it off the list.
+type trackedConn struct {
+	net.Conn
+	mu      sync.Mutex
+	closed  bool
+	untrack func()
+}
+
+func (t *trackedConn) Close() error {
+	err := t.Conn.Close()
+	t.mu.Lock()
+	f := t.untrack
+	t.untrack, t.closed = nil, true
+	t.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return err
+}
+
+// setUntrack makes Close call f (at once if it was closed already).
+func (t *trackedConn) setUntrack(f func()) {
+	t.mu.Lock()
+	if !t.closed {
+		t.untrack = f
+		f = nil
+	}
+	t.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// CloseRead ends the TCP connection for reading (see closeRead).
+func (t *trackedConn) CloseRead() error {
+	if cr, ok := t.Conn.(interface{ CloseRead() error }); ok {
+		return cr.CloseRead()
+	}
+	return errors.ErrUnsupported
 }
 
 func (c *Client) err() error {

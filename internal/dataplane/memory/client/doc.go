@@ -29,6 +29,12 @@
 // asks a Relocator (the control plane's record of the lease) where it is,
 // opens a session there and is retried (follow.go).
 //
+// A session over TLS whose connections are registered with a revocation
+// list (Options.Track) is lost as soon as a list the borrower takes
+// revokes its donor's certificate: its connections are ended then, not
+// when they break, and a Following opens no session on that donor again
+// (it follows the region if it moved elsewhere).
+//
 // Errors wrap the sentinel errors of package protocol (ErrOutOfRange,
 // ErrAuth, ErrBusy, ErrDonorLost, ErrClosed, …).
 //

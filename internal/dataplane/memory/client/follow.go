@@ -15,6 +15,7 @@ import (
 	"github.com/rialto-project/rialto/internal/backoff"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // A memory lease may move to another donor while it is used (the Device
@@ -27,6 +28,16 @@ import (
 // the lease), opens a session there and is retried. Reads and writes of
 // whole ranges are idempotent, so a request retried after the switch
 // leaves the region as if it had run once.
+//
+// A donor whose certificate is revoked (its node removed, its
+// certificate revoked by an operator) is not dialled again for nothing:
+// a session the revocation list's tracker ended (Options.Track) is
+// opened again only where the region is then; if that is the same donor,
+// the handshake fails against the list, and the follow gives up at once
+// (an error wrapping pki.ErrRevoked, logged), rather than redialling for
+// FollowConfig.Timeout. From then on that donor is never dialled again:
+// a request that finds the session lost fails at once unless the
+// Relocator has moved the region elsewhere.
 
 // Relocator says where a region is now: its donor's address and the
 // credential to present (the lease's current URI). An error wrapping
@@ -89,6 +100,15 @@ type Following struct {
 	// recreated is set once a follow found the region created again at
 	// its place (protocol.ErrRecreated): every request fails with it.
 	recreated atomic.Pointer[error]
+	// revoked is the donor a follow found presenting a revoked
+	// certificate, and why (mu): never dialled again.
+	revoked *revokedPlace
+}
+
+// revokedPlace is a donor whose certificate a follow found revoked.
+type revokedPlace struct {
+	addr string
+	err  error
 }
 
 // place is the session at one of the region's places.
@@ -311,6 +331,9 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 			if !moved && !force {
 				return nil // the region is where it was; the session lives
 			}
+			if f.revoked != nil && f.revoked.addr == addr {
+				return f.revoked.err
+			}
 			if !moved {
 				// The same place: the donor admits one session at a time.
 				_ = p.c.Close()
@@ -346,6 +369,13 @@ func (f *Following) follow(ctx context.Context, gen uint64, force bool) error {
 					f.log.Info("memory session opened again", "at", addr)
 				}
 				return nil
+			}
+			if errors.Is(err, pki.ErrRevoked) {
+				// No redial will verify this donor: the region is
+				// given up here, unless it moves elsewhere.
+				f.revoked = &revokedPlace{addr: addr, err: fmt.Errorf("memory: the region's donor at %s presents a revoked certificate: %w", addr, err)}
+				f.log.Error("memory: the region's donor presents a revoked certificate: not opening a session there again", "at", addr, "err", err)
+				return f.revoked.err
 			}
 		}
 		if why == nil || ctx.Err() == nil {

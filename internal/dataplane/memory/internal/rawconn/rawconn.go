@@ -58,6 +58,9 @@ type Conn struct {
 
 	life   sync.Mutex // orders shutdown against close: fd is never reused under shutdown
 	closed bool
+	// onClose, if set (OnClose), is called once by the first Close,
+	// after the descriptor is closed (life).
+	onClose func()
 
 	// tc, once StartTLS has run, carries every byte: records are read and
 	// written through fdConn, on the same raw syscalls.
@@ -132,12 +135,32 @@ func (p *Conn) Shutdown() {
 // Close.
 func (p *Conn) Close() {
 	p.life.Lock()
+	var f func()
 	if !p.closed {
 		p.closed = true
 		p.dropIdle()
 		_ = unix.Close(p.fd)
+		f, p.onClose = p.onClose, nil
 	}
 	p.life.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// OnClose makes the first Close call f, once the descriptor is closed
+// (a session's TLS connection taken off a revocation list's tracker);
+// at once if the Conn is closed already.
+func (p *Conn) OnClose(f func()) {
+	p.life.Lock()
+	if !p.closed {
+		p.onClose = f
+		f = nil
+	}
+	p.life.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // wait blocks until the socket is ready for events or the timeout (for
