@@ -88,15 +88,22 @@ func (c *CRL) Update(b []byte) (bool, error) {
 // with the list's Tracker whose peer's certificate chains to none of
 // roots are ended (track.go).
 func (c *CRL) SetRoots(roots []*x509.Certificate) {
+	if c.setRoots(roots) {
+		c.endUntrusted()
+	}
+}
+
+// setRoots is SetRoots without the ending of connections: it reports
+// whether roots lack a certificate held before, for the caller to call
+// endUntrusted once it holds no lock an end function might take.
+func (c *CRL) setRoots(roots []*x509.Certificate) (dropped bool) {
 	c.mu.Lock()
-	dropped := slices.ContainsFunc(c.roots, func(old *x509.Certificate) bool {
+	defer c.mu.Unlock()
+	dropped = slices.ContainsFunc(c.roots, func(old *x509.Certificate) bool {
 		return !slices.ContainsFunc(roots, old.Equal)
 	})
 	c.roots = roots
-	c.mu.Unlock()
-	if dropped {
-		c.endUntrusted()
-	}
+	return dropped
 }
 
 func (c *CRL) setLocked(crl *x509.RevocationList, b []byte) bool {

@@ -123,12 +123,14 @@ func (r *Roots) Use(certs []*x509.Certificate) (bool, error) {
 	if err := CheckCAs(certs); err != nil {
 		return false, err
 	}
+	var dropped bool
+	defer func() { r.endUntrusted(dropped) }() // after the unlock
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if CertsHash(certs) == r.Hash() {
 		return false, nil
 	}
-	r.set(certs)
+	dropped = r.set(certs)
 	return true, nil
 }
 
@@ -138,6 +140,8 @@ func (r *Roots) Use(certs []*x509.Certificate) (bool, error) {
 // out, and a file touched but holding the same certificates does not. It
 // reports whether the certificates in use changed.
 func (r *Roots) Reload() (bool, error) {
+	var dropped bool
+	defer func() { r.endUntrusted(dropped) }() // after the unlock
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, err := os.Stat(r.file)
@@ -160,7 +164,7 @@ func (r *Roots) Reload() (bool, error) {
 	if h == r.Hash() {
 		return false, nil
 	}
-	r.set(certs)
+	dropped = r.set(certs)
 	return true, nil
 }
 
@@ -178,8 +182,19 @@ func (r *Roots) UseCRL(crlPEM []byte) (bool, error) { return r.crl.Update(crlPEM
 // file's if it changed since (the higher number wins).
 func (r *Roots) CRLNumber() *big.Int { return r.crl.Number() }
 
-// set makes certs the certificates in use (r.mu held).
-func (r *Roots) set(certs []*x509.Certificate) {
+// set makes certs the certificates in use (r.mu held); it reports
+// whether they lack one held before (a CA dropped): the caller then ends
+// the tracked connections its certificates alone vouched for, once it
+// has let go of r.mu (endUntrusted), for their end functions may use r.
+func (r *Roots) set(certs []*x509.Certificate) (dropped bool) {
 	r.cur.Store(newRootSet(certs))
-	r.crl.SetRoots(certs)
+	return r.crl.setRoots(certs)
+}
+
+// endUntrusted ends the tracked connections whose peers chain to none of
+// the certificates in use, if a CA was dropped (see set); r.mu not held.
+func (r *Roots) endUntrusted(dropped bool) {
+	if dropped {
+		r.crl.endUntrusted()
+	}
 }

@@ -52,7 +52,8 @@ type liveConn struct {
 // (nil: discarded), naming the peer and the serial number. The handshake
 // checks a certificate against the list held then; this ends what it let
 // through before a revocation: a borrower's connections to a lender whose
-// node was removed, a server's to a client whose certificate was revoked.
+// node was removed. (A server checks its clients' certificates per
+// request instead: CheckConn.)
 // Likewise, once the CA certificates the list holds lack one held before
 // (SetRoots: a `rialto ca drop-old` a borrower's Roots or an agent
 // followed), a tracked connection whose peer's certificate chains to none

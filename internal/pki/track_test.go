@@ -285,6 +285,13 @@ func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
 		}
 		c := conn{tc: tc, ended: make(chan error, 1)}
 		if _, err := track(addr, tc.ConnectionState(), func(err error) {
+			// An end function may use the Roots (a redial asks for
+			// its configuration): Use ends connections once it let
+			// go of its lock. It ended them holding it, and a Reload
+			// here waited for ever.
+			if _, rerr := r.Reload(); rerr != nil {
+				t.Errorf("Reload from an end function: %v", rerr)
+			}
 			c.ended <- err
 			tc.Close()
 		}); err != nil {
@@ -342,8 +349,21 @@ func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
 	if err != nil || len(dropped) != 1 {
 		t.Fatalf("the bundle after drop-old: %d certificates, %v", len(dropped), err)
 	}
-	if took, err := r.Use(dropped); err != nil || !took {
-		t.Fatalf("Use of drop-old's bundle: %v, %v", took, err)
+	used := make(chan error, 1)
+	go func() {
+		took, err := r.Use(dropped)
+		if err == nil && !took {
+			err = errors.New("not taken")
+		}
+		used <- err
+	}()
+	select {
+	case err := <-used:
+		if err != nil {
+			t.Fatalf("Use of drop-old's bundle: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Use of drop-old's bundle did not return: the end functions it called wait for its lock")
 	}
 	for _, c := range []conn{old, oldPinned} {
 		select {
