@@ -14,6 +14,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 func init() {
@@ -43,8 +44,9 @@ func NewNICDriver(log *slog.Logger) *NICDriver {
 // UseTLS implements TLSUser: with a server configuration the tunnels run
 // under TLS with the node certificate (the lease credential's
 // challenge-response inside it), and URIs are rialto-nics://. The NIC
-// driver dials no data plane: client is unused. Call it before Serve.
-func (d *NICDriver) UseTLS(server *tls.Config, _ func() *tls.Config) {
+// driver dials no data plane: client and track are unused. Call it
+// before Serve.
+func (d *NICDriver) UseTLS(server *tls.Config, _ func() *tls.Config, _ pki.TrackFunc) {
 	if server == nil {
 		return
 	}
