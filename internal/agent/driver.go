@@ -58,7 +58,7 @@ type Export struct {
 	// driver's nbd.Export.Deadline, the memory driver's
 	// donor.SetRegionDeadline, the accel driver's appliance.SetDeadline
 	// and gateway.Credentials.SetDeadline, the NIC driver's
-	// nic.Lender.SetLeaseDeadline), shared by every copy of the Export
+	// nic.LeaseSpec.Deadline), shared by every copy of the Export
 	// and kept equal to Request.ExpiresAt (none while incoming) by
 	// exportsChangedLocked; nil for an export not yet given one.
 	deadline *clock.Deadline

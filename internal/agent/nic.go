@@ -88,7 +88,8 @@ func (d *NICDriver) Open(ctx context.Context, dev DeviceConfig) (DeviceConfig, e
 
 // Prepare admits the lease: its TUN interface, address and rate; the
 // lender drops its packets, either way, and ends its session from the
-// export's known expiry on (e.deadline, nic.Lender.SetLeaseDeadline).
+// export's known expiry on (e.deadline, nic.LeaseSpec.Deadline: in place
+// before the lease takes its first HELLO, and moved by its renewals).
 func (d *NICDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse, error) {
 	d.mu.Lock()
 	l := d.lenders[e.Device.Name]
@@ -103,14 +104,11 @@ func (d *NICDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse,
 	if rate < 0 {
 		return api.PrepareResponse{}, fmt.Errorf("%w: negative bandwidth", ErrBadRequest)
 	}
-	spec := nic.LeaseSpec{ID: e.Request.LeaseID, Credential: e.Request.Export, Rate: uint64(rate) * 8}
+	spec := nic.LeaseSpec{ID: e.Request.LeaseID, Credential: e.Request.Export, Rate: uint64(rate) * 8, Deadline: e.deadline}
 	if err := l.AddLease(ctx, spec); err != nil {
 		if errors.Is(err, nic.ErrAddr) {
 			return api.PrepareResponse{}, fmt.Errorf("%w: %v", ErrRefused, err)
 		}
-		return api.PrepareResponse{}, err
-	}
-	if err := l.SetLeaseDeadline(spec.ID, e.deadline); err != nil {
 		return api.PrepareResponse{}, err
 	}
 	d.mu.Lock()
