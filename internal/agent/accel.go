@@ -20,6 +20,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -56,6 +57,7 @@ type AccelDriver struct {
 	mu     sync.Mutex
 	srvTLS *tls.Config                     // slots and gateways require TLS with it (UseTLS)
 	cliTLS func() *tls.Config              // for dialling TLS data planes (UseTLS)
+	track  pki.TrackFunc                   // registers those connections with the revocation list (UseTLS)
 	apps   map[string]*appliance.Appliance // by device name
 	gwCfg  map[string]gwConfig             // by device name
 	live   map[string]Export               // by export name
@@ -90,14 +92,17 @@ func (d *AccelDriver) Appliance(device string) *appliance.Appliance {
 // mailbox and every gateway require TLS (URIs are rialto-accels://), the
 // gateways dial their slots over TLS, and slots serve no UDP message path
 // (datagrams are not encrypted); slots dial block leases with client.
-// Call it before Open.
-func (d *AccelDriver) UseTLS(server *tls.Config, client func() *tls.Config) {
+// Those connections, the gateways' to their slots and the slots' to
+// block parts, are registered with track: a later revocation list that
+// revokes the certificate of their server ends them. Call it before
+// Open.
+func (d *AccelDriver) UseTLS(server *tls.Config, client func() *tls.Config, track pki.TrackFunc) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.srvTLS, d.cliTLS = server, client
+	d.srvTLS, d.cliTLS, d.track = server, client, track
 	d.gws.srvTLS = server
 	if server != nil {
-		d.gws.slotTLS = client
+		d.gws.slotTLS, d.gws.slotTrack = client, track
 	}
 }
 
@@ -116,7 +121,7 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 		return dev, err
 	}
 	d.mu.Lock()
-	reg, srvTLS, cliTLS := d.reg, d.srvTLS, d.cliTLS
+	reg, srvTLS, cliTLS, track := d.reg, d.srvTLS, d.cliTLS, d.track
 	d.mu.Unlock()
 	// Without TLS every slot also serves its requests as UDP datagrams on
 	// its mailbox's port, one socket (queue) per worker; datagrams carry
@@ -126,7 +131,8 @@ func (d *AccelDriver) Open(_ context.Context, dev DeviceConfig) (DeviceConfig, e
 		udp = 0
 	}
 	app, err := appliance.New(appliance.Config{ID: dev.Name, Slots: int(dev.Size), SlotMemory: mem, Host: d.host, Logger: d.log,
-		Metrics: registerer(reg), ManagementToken: d.ManagementToken, ManagedLeases: true, UDPQueues: udp, TLS: srvTLS, BlockTLS: cliTLS})
+		Metrics: registerer(reg), ManagementToken: d.ManagementToken, ManagedLeases: true, UDPQueues: udp, TLS: srvTLS,
+		BlockTLS: cliTLS, BlockTrack: track})
 	if err != nil {
 		return dev, err
 	}

@@ -388,10 +388,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		if !a.cfg.InsecureDataplane {
 			srv = a.tls.dataServerTLS()
 		}
-		cli := a.tls.dataClientTLS
+		cli, track := a.tls.dataClientTLS, a.tls.crl.Tracker(a.log)
 		for _, d := range a.drivers {
 			if u, ok := d.(TLSUser); ok {
-				u.UseTLS(srv, cli)
+				u.UseTLS(srv, cli, track)
 			}
 			if b, ok := d.(*BlockDriver); ok && srv != nil {
 				b.usePSK(a.cfg.TLSPSK)

@@ -17,6 +17,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // builtinDrivers make the drivers every agent starts with; each driver's
@@ -43,6 +44,7 @@ type BlockDriver struct {
 	srv    nbd.Server
 	scheme string             // of the URIs: nbd, or nbds once UseTLS is called
 	cliTLS func() *tls.Config // for dialling a move's nbds:// destination (UseTLS)
+	track  pki.TrackFunc      // registers those connections with the revocation list (UseTLS)
 
 	mu    sync.Mutex
 	paths map[string]bool         // backing paths opened (created and sized)
@@ -97,11 +99,13 @@ func NewBlockDriver(log *slog.Logger) *BlockDriver {
 // UseTLS implements TLSUser: the NBD server requires TLS
 // (NBD_OPT_STARTTLS, the protocol's FORCEDTLS mode) with the node
 // certificate, and URIs are nbds://; client verifies the destinations of
-// moves that serve nbds://. Call it before Serve.
-func (b *BlockDriver) UseTLS(server *tls.Config, client func() *tls.Config) {
+// moves that serve nbds://, and track ends a move's connection to one
+// whose certificate a later revocation list revokes. Call it before
+// Serve.
+func (b *BlockDriver) UseTLS(server *tls.Config, client func() *tls.Config, track pki.TrackFunc) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.cliTLS = client
+	b.cliTLS, b.track = client, track
 	if server == nil {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // Export is one prepared export: the control plane's request, the local
@@ -57,7 +58,7 @@ type Export struct {
 	// driver's nbd.Export.Deadline, the memory driver's
 	// donor.SetRegionDeadline, the accel driver's appliance.SetDeadline
 	// and gateway.Credentials.SetDeadline, the NIC driver's
-	// nic.Lender.SetLeaseDeadline), shared by every copy of the Export
+	// nic.LeaseSpec.Deadline), shared by every copy of the Export
 	// and kept equal to Request.ExpiresAt (none while incoming) by
 	// exportsChangedLocked; nil for an export not yet given one.
 	deadline *clock.Deadline
@@ -116,12 +117,28 @@ type Opener interface {
 // and the revocation list the control plane hands out; the dialler sets
 // ServerName): call it at each dial, as the CA certificates change at run
 // time (a `rialto ca rotate`, then a retired CA dropped), and keep no
-// configuration it returned for later dials. With a server configuration,
-// URIs name the kind's TLS scheme (nbds://, rialto-mems://,
-// rialto-accels://, rialto-nics://).
+// configuration it returned for later dials. track registers each TLS
+// connection dialled with such a configuration, once its handshake is
+// done, with the agent's revocation list (pki.CRL.Tracker): a list the
+// agent takes later that revokes the server's certificate, or CA
+// certificates that no longer hold its CA (`rialto ca drop-old`), end
+// it. Hand it to every such dial (nbd.WithTrack, the memory client's
+// Options.Track, accel.WithTrack): a connection to a lender's data plane
+// lives as long as a move or a gateway, past the handshake that checked
+// the list of then. With a server configuration, URIs name the kind's
+// TLS scheme (nbds://, rialto-mems://, rialto-accels://, rialto-nics://).
 type TLSUser interface {
-	UseTLS(server *tls.Config, client func() *tls.Config)
+	UseTLS(server *tls.Config, client func() *tls.Config, track pki.TrackFunc)
 }
+
+// The built-in drivers whose data planes speak TLS: one whose UseTLS
+// stopped matching TLSUser would silently serve plaintext.
+var (
+	_ TLSUser = (*BlockDriver)(nil)
+	_ TLSUser = (*MemoryDriver)(nil)
+	_ TLSUser = (*AccelDriver)(nil)
+	_ TLSUser = (*NICDriver)(nil)
+)
 
 // Closer is implemented by drivers holding resources after Run ends.
 type Closer interface {

@@ -24,6 +24,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel/gateway"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/letgo"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/resource"
 )
 
@@ -96,10 +97,13 @@ type gatewayPool struct {
 	host    string             // gateways listen on it
 	srvTLS  *tls.Config        // gateways require TLS with it (nil: plaintext)
 	slotTLS func() *tls.Config // gateways dial their slots with it, at each dial (nil: plaintext)
-	secret  func() string      // a new credential for a lease's slots
-	gws     map[string]*sharedGateway
-	owner   map[slotRef]string // the gateway (key) each held slot serves
-	seq     int                // gateways named so far with a role config
+	// slotTrack registers the gateways' TLS connections to their slots
+	// with the revocation list (gateway.Redialer.Track).
+	slotTrack pki.TrackFunc
+	secret    func() string // a new credential for a lease's slots
+	gws       map[string]*sharedGateway
+	owner     map[slotRef]string // the gateway (key) each held slot serves
+	seq       int                // gateways named so far with a role config
 }
 
 // slotRef is a slot of a device.
@@ -159,7 +163,7 @@ func (p *gatewayPool) join(ctx context.Context, e Export, slot int, addr string,
 			return "", err
 		}
 		rd := gateway.NewRedialer(addr, secret)
-		rd.TLS = p.slotTLS
+		rd.TLS, rd.Track = p.slotTLS, p.slotTrack
 		g.addSlot(slot, &slotBackend{r: rd, calls: map[int]context.CancelFunc{}})
 		p.owner[ref] = key
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/donor"
 	"github.com/rialto-project/rialto/internal/dataplane/memory/protocol"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 func init() {
@@ -23,6 +24,7 @@ type MemoryDriver struct {
 	donor *donor.Donor
 	tls   bool               // the donor requires TLS: URIs are rialto-mems://
 	cli   func() *tls.Config // for dialling a move's rialto-mems:// destination
+	track pki.TrackFunc      // registers those connections with the revocation list
 
 	mu   sync.Mutex
 	live map[string]bool
@@ -45,11 +47,13 @@ func (m *MemoryDriver) Ephemeral() string {
 
 // UseTLS implements TLSUser: the donor requires TLS with the node
 // certificate, and URIs are rialto-mems://; client verifies the
-// destinations of moves that serve rialto-mems://. Call it before Serve.
-func (m *MemoryDriver) UseTLS(server *tls.Config, client func() *tls.Config) {
+// destinations of moves that serve rialto-mems://, and track ends a
+// move's session with one whose certificate a later revocation list
+// revokes. Call it before Serve.
+func (m *MemoryDriver) UseTLS(server *tls.Config, client func() *tls.Config, track pki.TrackFunc) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.cli = client
+	m.cli, m.track = client, track
 	if server == nil {
 		return
 	}

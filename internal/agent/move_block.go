@@ -125,7 +125,11 @@ func (b *BlockDriver) SendMove(ctx context.Context, e Export) (MoveSource, error
 
 // DialMove connects to the destination's export: over TLS, verified
 // against the cluster CA (and its revocation list), if the destination
-// serves nbds://.
+// serves nbds://. That connection is registered with the revocation list
+// (UseTLS's track): a list the agent takes during the move that revokes
+// the destination's certificate ends it, and the copy's requests fail
+// with an error wrapping pki.ErrRevoked (the move fails saying the
+// destination's certificate is revoked).
 func (b *BlockDriver) DialMove(ctx context.Context, _ Export, uri string) (MoveDest, error) {
 	opts := []nbd.DialOption{nbd.WithRequestTimeout(moveRequestTimeout)}
 	u, err := nbd.ParseURI(uri)
@@ -134,12 +138,12 @@ func (b *BlockDriver) DialMove(ctx context.Context, _ Export, uri string) (MoveD
 	}
 	if u.TLS {
 		b.mu.Lock()
-		cfg := b.cliTLS
+		cfg, track := b.cliTLS, b.track
 		b.mu.Unlock()
 		if cfg == nil {
 			return nil, errNoCA
 		}
-		opts = append(opts, nbd.WithTLS(cfg()))
+		opts = append(opts, nbd.WithTLS(cfg()), nbd.WithTrack(track))
 	}
 	c, err := nbd.DialURI(ctx, uri, opts...)
 	if err != nil {

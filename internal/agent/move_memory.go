@@ -124,7 +124,10 @@ func (m *MemoryDriver) SendMove(ctx context.Context, e Export) (MoveSource, erro
 
 // DialMove opens a session with the destination's region: over TLS,
 // verified against the cluster CA, if the destination serves
-// rialto-mems://. Its HELLO carries the generation of e's region, which
+// rialto-mems://, its connections registered with the revocation list
+// (UseTLS's track: a list the agent takes during the move that revokes
+// the destination's certificate ends the session, and the copy's writes
+// fail with an error wrapping pki.ErrRevoked). Its HELLO carries the generation of e's region, which
 // the destination's region takes when it is activated.
 func (m *MemoryDriver) DialMove(ctx context.Context, e Export, uri string) (MoveDest, error) {
 	u, err := protocol.ParseURI(uri)
@@ -138,12 +141,12 @@ func (m *MemoryDriver) DialMove(ctx context.Context, e Export, uri string) (Move
 	opts := memclient.Options{Timeout: moveRequestTimeout, MoveGeneration: gen}
 	if u.TLS {
 		m.mu.Lock()
-		cli := m.cli
+		cli, track := m.cli, m.track
 		m.mu.Unlock()
 		if cli == nil {
 			return nil, errNoCA
 		}
-		opts.TLS = cli()
+		opts.TLS, opts.Track = cli(), track
 	}
 	c, err := memclient.Dial(ctx, u.Address, u.Credential, opts)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 func init() {
@@ -43,8 +44,9 @@ func NewNICDriver(log *slog.Logger) *NICDriver {
 // UseTLS implements TLSUser: with a server configuration the tunnels run
 // under TLS with the node certificate (the lease credential's
 // challenge-response inside it), and URIs are rialto-nics://. The NIC
-// driver dials no data plane: client is unused. Call it before Serve.
-func (d *NICDriver) UseTLS(server *tls.Config, _ func() *tls.Config) {
+// driver dials no data plane: client and track are unused. Call it
+// before Serve.
+func (d *NICDriver) UseTLS(server *tls.Config, _ func() *tls.Config, _ pki.TrackFunc) {
 	if server == nil {
 		return
 	}
@@ -86,7 +88,8 @@ func (d *NICDriver) Open(ctx context.Context, dev DeviceConfig) (DeviceConfig, e
 
 // Prepare admits the lease: its TUN interface, address and rate; the
 // lender drops its packets, either way, and ends its session from the
-// export's known expiry on (e.deadline, nic.Lender.SetLeaseDeadline).
+// export's known expiry on (e.deadline, nic.LeaseSpec.Deadline: in place
+// before the lease takes its first HELLO, and moved by its renewals).
 func (d *NICDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse, error) {
 	d.mu.Lock()
 	l := d.lenders[e.Device.Name]
@@ -101,14 +104,11 @@ func (d *NICDriver) Prepare(ctx context.Context, e Export) (api.PrepareResponse,
 	if rate < 0 {
 		return api.PrepareResponse{}, fmt.Errorf("%w: negative bandwidth", ErrBadRequest)
 	}
-	spec := nic.LeaseSpec{ID: e.Request.LeaseID, Credential: e.Request.Export, Rate: uint64(rate) * 8}
+	spec := nic.LeaseSpec{ID: e.Request.LeaseID, Credential: e.Request.Export, Rate: uint64(rate) * 8, Deadline: e.deadline}
 	if err := l.AddLease(ctx, spec); err != nil {
 		if errors.Is(err, nic.ErrAddr) {
 			return api.PrepareResponse{}, fmt.Errorf("%w: %v", ErrRefused, err)
 		}
-		return api.PrepareResponse{}, err
-	}
-	if err := l.SetLeaseDeadline(spec.ID, e.deadline); err != nil {
 		return api.PrepareResponse{}, err
 	}
 	d.mu.Lock()

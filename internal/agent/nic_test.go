@@ -54,7 +54,7 @@ func TestNICDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := NewNICDriver(slog.New(slog.DiscardHandler))
-	d.UseTLS(srv, func() *tls.Config { return ca.ClientConfig(nil) })
+	d.UseTLS(srv, func() *tls.Config { return ca.ClientConfig(nil) }, nil)
 	defer d.Close()
 	var dev DeviceConfig
 	var resp api.PrepareResponse

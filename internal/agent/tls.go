@@ -436,7 +436,9 @@ func (t *nodeTLS) dataServerTLS() *tls.Config {
 // reading a block lease of another lender, a gateway dialling its slots):
 // servers verify against the CA and are refused when the revocation list
 // names them. The dialler sets ServerName. The CA certificates are those
-// in use now (useCA): the drivers call it at each dial (TLSUser).
+// in use now (useCA): the drivers call it at each dial (TLSUser), and
+// register each connection with the revocation list (crl.Tracker), which
+// ends it when a later list revokes its server.
 func (t *nodeTLS) dataClientTLS() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.roots.Load().pool, VerifyConnection: t.crl.VerifyPeer}
 }

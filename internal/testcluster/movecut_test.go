@@ -22,7 +22,9 @@ import (
 // its destination failing in the middle of the copy. With hold, it stops
 // forwarding there instead (closes reached) and cuts only once the
 // destination closes its side: the destination killed in the middle of
-// the copy.
+// the copy. It listens on the destination's host, which the
+// destination's node certificate names: the source's TLS handshake
+// through it verifies that certificate.
 type cutLink struct {
 	ln      net.Listener
 	target  string
@@ -40,7 +42,11 @@ type cutLink struct {
 }
 
 func newCutLink(t *testing.T, target string, limit int64, hold bool) *cutLink {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,11 +136,31 @@ func (d cuttingDriver) ReceiveMove(ctx context.Context, e agent.Export, token st
 	if err != nil {
 		return "", err
 	}
+	return relayed(uri, d.link)
+}
+
+// cuttingMemoryDriver is cuttingDriver's memory driver.
+type cuttingMemoryDriver struct {
+	*agent.MemoryDriver
+	link func(target string) *cutLink
+}
+
+func (d cuttingMemoryDriver) ReceiveMove(ctx context.Context, e agent.Export, token string) (string, error) {
+	uri, err := d.MemoryDriver.ReceiveMove(ctx, e, token)
+	if err != nil {
+		return "", err
+	}
+	return relayed(uri, d.link)
+}
+
+// relayed is a received transfer's uri with the address of the cutLink
+// link makes in front of the one it names.
+func relayed(uri string, link func(target string) *cutLink) (string, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
 		return "", err
 	}
-	u.Host = d.link(u.Host).ln.Addr().String()
+	u.Host = link(u.Host).ln.Addr().String()
 	return u.String(), nil
 }
 

@@ -192,3 +192,64 @@ func TestDeadlineRefusesLateFrames(t *testing.T) {
 	}
 	notArrived(u.o, late)
 }
+
+// TestLeaseAddedExpiredRefusesFirstHello: a lease added with its
+// deadline in its spec (LeaseSpec.Deadline, as the agent adds it) is
+// judged against it from its first HELLO on: added with its deadline
+// passed, that HELLO is refused (StatusGone, saying when the lease
+// expired); added again with a renewed deadline, the next is welcome.
+// Before, the agent added the lease, then set its deadline
+// (SetLeaseDeadline): a HELLO in between joined a lease with none.
+func TestLeaseAddedExpiredRefusesFirstHello(t *testing.T) {
+	r := newRack(t, 1, "")
+	t0 := time.Date(2026, 1, 1, 13, 40, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	dl := clock.NewDeadline(clk)
+	dl.Set(t0.Add(-time.Second))
+	lease := testLease("born-expired", 0)
+	lease.Deadline = dl
+	l := r.lenderHere(t, 0, slog.New(slog.DiscardHandler), lease)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// hello sends a HELLO for the lease from host 0 and returns the
+	// lender's WELCOME.
+	hello := func() Welcome {
+		t.Helper()
+		c, err := r.lab.Dial(ctx, 0, "tcp", r.lenderAddr(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		hb := (&Hello{Conns: 1, Session: uint64(time.Now().UnixNano()), Window: DefaultWindow, MTU: 1500, Lease: LeaseID(lease.Credential)}).Encode(nil)
+		if _, err := c.Write(hb); err != nil {
+			t.Fatal(err)
+		}
+		ch, refused, err := ReadChallenge(c)
+		if err != nil || refused != nil {
+			t.Fatalf("challenge: %v %+v", err, refused)
+		}
+		proof := Proof(lease.Credential, ch, hb)
+		if _, err := c.Write(proof[:]); err != nil {
+			t.Fatal(err)
+		}
+		w, err := ReadWelcome(c)
+		if err != nil {
+			t.Fatalf("welcome: %v", err)
+		}
+		return w
+	}
+	reason := "lease " + lease.ID + " expired at " + t0.Add(-time.Second).Format(time.RFC3339Nano)
+	if w := hello(); w.Status != StatusGone || !strings.Contains(w.Message, reason) {
+		t.Fatalf("the first HELLO of a lease added past its deadline: status %d (%q), want %d (gone) saying %q", w.Status, w.Message, StatusGone, reason)
+	}
+	renewed := clock.NewDeadline(clk)
+	renewed.Set(t0.Add(time.Minute))
+	lease.Deadline = renewed
+	if err := r.lab.Do(lender0, func() error { return l.AddLease(ctx, lease) }); err != nil {
+		t.Fatalf("the lease added again with a renewed deadline: %v", err)
+	}
+	if w := hello(); w.Status != StatusOK {
+		t.Fatalf("a HELLO once the lease was added again with a renewed deadline: status %d (%q), want OK", w.Status, w.Message)
+	}
+}

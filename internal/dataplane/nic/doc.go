@@ -9,7 +9,7 @@
 // its address (NAT, nftables masquerade), that only replies come back, and
 // that a borrower reaches neither the lender's own addresses nor another
 // borrower; it enforces each lease's rate in both directions (a token
-// bucket), and its known expiry (SetLeaseDeadline): a packet it would
+// bucket), and its known expiry (LeaseSpec.Deadline, SetLeaseDeadline): a packet it would
 // forward from then on, either way, is dropped and ends the borrower's
 // session (an ERROR of StatusGone saying so). Attach (on the borrower) creates a TUN interface in the
 // caller's network namespace, gives it the address the lender assigned

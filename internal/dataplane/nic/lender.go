@@ -73,6 +73,13 @@ type LeaseSpec struct {
 	// unset, the first session may ask for one in the pool, or the lender
 	// picks one.
 	Addr netip.Addr
+	// Deadline, if set, is the lease's known expiry from the moment the
+	// lease exists, as SetLeaseDeadline sets it: a HELLO that finds the
+	// lease as soon as AddLease has made it findable is judged against
+	// it (a lease whose deadline has passed is refused from its first
+	// HELLO on). Moving it (clock.Deadline.Set: a renewal) moves the
+	// lease's. Not part of what makes two specs of a lease the same.
+	Deadline *clock.Deadline `json:"-"`
 }
 
 // LeaseInfo is a lease's state.
@@ -120,7 +127,8 @@ type lease struct {
 	mu   sync.Mutex
 	sess *session
 
-	// deadline, if set, is the lease's known expiry (SetLeaseDeadline):
+	// deadline, if set, is the lease's known expiry (LeaseSpec.Deadline,
+	// SetLeaseDeadline):
 	// checked as each packet is forwarded, either way, and at each HELLO.
 	deadline atomic.Pointer[clock.Deadline]
 }
@@ -231,8 +239,10 @@ func tunName(iface, id string) string {
 	return "rn" + hex.EncodeToString(s[:5])
 }
 
-// AddLease creates the lease's TUN interface and admits its credential.
-// Adding a lease that exists with the same spec is not an error.
+// AddLease creates the lease's TUN interface and admits its credential,
+// its deadline (spec.Deadline) in place before a HELLO can find it.
+// Adding a lease that exists with the same spec is not an error: its
+// deadline becomes spec.Deadline.
 func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 	if spec.ID == "" || spec.Credential == "" || len(spec.Credential) > MaxCredential {
 		return fmt.Errorf("nic: a lease needs an ID and a credential of 1..%d bytes", MaxCredential)
@@ -249,8 +259,13 @@ func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 	if l.closed {
 		return ErrClosed
 	}
+	// The lease's deadline is ls.deadline; its spec keeps none, and
+	// specs are compared without.
+	dl := spec.Deadline
+	spec.Deadline = nil
 	if old, ok := l.leases[spec.ID]; ok {
 		if old.spec == spec {
+			old.deadline.Store(dl)
 			return nil
 		}
 		return fmt.Errorf("nic: lease %s exists with another spec", spec.ID)
@@ -270,6 +285,7 @@ func (l *Lender) AddLease(ctx context.Context, spec LeaseSpec) error {
 		}
 	}
 	ls := &lease{l: l, spec: spec, fixed: spec.Addr.IsValid(), addr: addr, tunName: tunName(l.cfg.Iface, spec.ID), rate: r}
+	ls.deadline.Store(dl)
 	if r > 0 {
 		bps := float64(r) / 8
 		burst := max(int(bps*0.005), 128<<10)
@@ -416,7 +432,9 @@ func (ls *lease) end(ctx context.Context) {
 	_ = closeTUN(ls.tun, ls.tunName) // deletes the interface and its routes
 }
 
-// SetLeaseDeadline makes dl the deadline of lease id (nil: none): a
+// SetLeaseDeadline makes dl the deadline of lease id (nil: none), as
+// LeaseSpec.Deadline does from the lease's start (which leaves no moment
+// when the lease takes a HELLO without it): a
 // packet of the lease forwarded once dl has passed, either way (from the
 // borrower into the lender's kernel, or from the kernel to the borrower),
 // is dropped (Stats.ExpiredDrops) and ends the lease's session, its

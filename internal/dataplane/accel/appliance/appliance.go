@@ -25,6 +25,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
 	"github.com/rialto-project/rialto/internal/letgo"
 	"github.com/rialto-project/rialto/internal/metrics"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // Errors.
@@ -69,7 +70,13 @@ type Config struct {
 	// block parts with (Load, Store, RunBlockTask), called at each
 	// opening of a range's volume, so that the CA certificates it trusts
 	// may change while the appliance runs; nil trusts the system's CAs.
-	BlockTLS   func() *tls.Config
+	BlockTLS func() *tls.Config
+	// BlockTrack, if set, is handed each TLS connection a slot opens to
+	// a block part (stripe.OpenConfig.Track): a revocation list's Tracker
+	// (the agent's) ends the connections to a lender whose certificate a
+	// list it takes later revokes, and the LOAD, STORE or block task
+	// reading through them fails (accel.ErrBlockIO).
+	BlockTrack pki.TrackFunc
 	MaxPayload uint32 // frame payload limit; 0: accel.DefaultMaxPayload
 	Logger     *slog.Logger
 	// Metrics, if set, gets the slots' metrics (appliances sharing one

@@ -249,7 +249,7 @@ func (a *Appliance) moveBlock(ctx context.Context, r accel.BlockRange, n uint64,
 		tc = a.cfg.BlockTLS()
 	}
 	vol, err := stripe.Open(ctx, stripe.OpenConfig{URIs: r.Parts, StripeUnit: int64(r.StripeUnit),
-		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host), TLS: tc})
+		RequestTimeout: blockTimeout, Check: partPolicy(a.cfg.Host), TLS: tc, Track: a.cfg.BlockTrack})
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: interrupted: %w", accel.ErrBlockIO, ctx.Err())

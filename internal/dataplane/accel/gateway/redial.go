@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/accel"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // Redialer is a Backend for one slot that dials on first use and again
@@ -22,6 +23,13 @@ type Redialer struct {
 	// requires TLS (see accel.WithTLS); it is called at each dial, so that
 	// the CA certificates it trusts may change while the gateway runs.
 	TLS func() *tls.Config
+	// Track, if set, is handed each TLS connection to the slot
+	// (accel.WithTrack): a revocation list's Tracker ends it when a list
+	// it takes later revokes the slot's certificate, or the CA
+	// certificates it holds no longer hold the slot's CA. The call under
+	// way fails (accel.ErrClosed wrapping why) and the next one redials,
+	// whose handshake checks the list of then.
+	Track pki.TrackFunc
 	// Settle bounds how long a call whose context ended waits for the slot
 	// to end the cancelled execution (0: DefaultSettle); see CallBatch.
 	Settle time.Duration
@@ -45,7 +53,7 @@ func (r *Redialer) conn(ctx context.Context) (*accel.Conn, error) {
 	if r.TLS != nil {
 		tc = r.TLS()
 	}
-	c, err := accel.Dial(ctx, r.Addr, r.Credential, accel.WithTLS(tc))
+	c, err := accel.Dial(ctx, r.Addr, r.Credential, accel.WithTLS(tc), accel.WithTrack(r.Track))
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/pki"
 )
 
 // OpenConfig describes a volume to open for direct use (not served).
@@ -20,6 +21,12 @@ type OpenConfig struct {
 	URIs []string
 	// TLS is as in AttachConfig.
 	TLS *tls.Config
+	// Track, if set, is handed each TLS connection to a part
+	// (nbd.WithTrack), as in AttachConfig: a revocation list's Tracker
+	// ends the connections to a part whose lender's certificate a list
+	// it takes later revokes, and the volume's requests to that part
+	// fail (nothing is redialled).
+	Track pki.TrackFunc
 	// StripeUnit as in Config; 0 means DefaultStripeUnit. Ignored for one
 	// part, where the layout is the identity (the volume is the part,
 	// rounded down to a multiple of MinStripeUnit).
@@ -68,7 +75,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Volume, error) {
 	for i, u := range uris {
 		for j := range conns {
 			wg.Go(func() {
-				c, err := u.Dial(ctx, cfg.TLS, nbd.WithRequestTimeout(timeout))
+				c, err := u.Dial(ctx, cfg.TLS, nbd.WithRequestTimeout(timeout), nbd.WithTrack(cfg.Track))
 				if err != nil {
 					errs[i*conns+j] = fmt.Errorf("stripe: part %d (%s): %w", i, u.Address, err)
 					return
