@@ -2,7 +2,7 @@
 // reads: that the peer could not be reached and the system's word for why
 // ("connection refused", "no route to host", "timed out"), that its
 // certificate was not accepted here and why ("signed by an unknown
-// authority", "expired", "revoked", "name mismatch"), that it did not
+// authority", "expired", "revoked", "its CA was dropped", "name mismatch"), that it did not
 // accept ours, or that it does not speak TLS. The words name no address,
 // path or package: the whole error is for the log of whoever saw it.
 //

@@ -48,6 +48,8 @@ func Describe(err error) (Kind, string) {
 	switch {
 	case errors.Is(err, pki.ErrRevoked):
 		return PeerCertificate, "revoked"
+	case errors.Is(err, pki.ErrUntrusted):
+		return PeerCertificate, "its CA was dropped"
 	case errors.As(err, &unknown):
 		return PeerCertificate, "signed by an unknown authority"
 	case errors.As(err, &invalid):

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"github.com/rialto-project/rialto/internal/pki"
 	"math/big"
 	"net"
 	"testing"
@@ -141,6 +142,8 @@ func TestDescribe(t *testing.T) {
 		{"no own certificate", handshake(tlsServer(good, ca.pool), "localhost", &tls.Config{}), OwnCertificate, "none was presented"},
 		{"not TLS", handshake(serve(t, func(c net.Conn) { _, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n")) }), "localhost", &tls.Config{}),
 			NotTLS, "it does not speak TLS"},
+		{"revoked", fmt.Errorf("nbd: connection ended: %w", pki.ErrRevoked), PeerCertificate, "revoked"},
+		{"its CA dropped", fmt.Errorf("nbd: connection ended: %w", pki.ErrUntrusted), PeerCertificate, "its CA was dropped"},
 		{"something else", fmt.Errorf("short read"), Other, ""},
 	} {
 		kind, words := Describe(c.err)
