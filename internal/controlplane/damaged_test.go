@@ -85,6 +85,80 @@ func TestDamagedDatabaseLoggedOnce(t *testing.T) {
 	}
 }
 
+// TestDamagedDatabaseLoggedAgainAfterRepair: the ERROR is logged once
+// per damage, not once per run: once the database is repaired (as a
+// restored file would be) and a sweep succeeds again, which is logged at
+// INFO, damage found later is logged at ERROR again. The line itself
+// says to see err for what to do, which says it (restore the file), not
+// advice of its own. Before, the server logged the first damage only, and
+// its line told to restore a backup whatever the error advised (REINDEX,
+// for a damaged PostgreSQL index).
+func TestDamagedDatabaseLoggedAgainAfterRepair(t *testing.T) {
+	t.Parallel()
+	var logs lockedBuffer
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	e := newEnv(t, func(c *Config) {
+		c.Clock, c.HeartbeatInterval = fake, time.Second
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	e.join("n1", 1<<30)
+	// Leases for the sweeps to read: the first expires while the table
+	// is damaged the first time, the second is read once it is damaged
+	// again (its node, silent, goes down; its TTL runs out). Both are
+	// made now: the silent node takes no lease later.
+	for _, ttl := range []int64{1, 30} {
+		if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: ttl}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errors := func() int { return strings.Count(logs.String(), "level=ERROR") }
+	const again = "the database answers again"
+	ctx, cancel := context.WithCancel(e.ctx())
+	done := make(chan error, 1)
+	go func() { done <- e.srv.Run(ctx) }()
+	if err := fake.BlockUntil(ctx, 2); err != nil { // Run's sweep ticker and its liveness flush ticker
+		t.Fatal(err)
+	}
+	// What every sweep reads once the lease's TTL ran out (its expiry).
+	repair := sqlitetest.DamageTable(t, e.dbPath, "leases")
+	fake.Advance(time.Second)
+	fake.Advance(time.Second)
+	poll(t, "an ERROR logged", func() bool { return errors() == 1 }, &logs)
+	// Repaired: a sweep succeeds (and expires the lease).
+	repair()
+	poll(t, "a sweep succeeding after the repair", func() bool {
+		fake.Advance(time.Second)
+		return strings.Contains(logs.String(), again)
+	}, &logs)
+	// Damaged again.
+	sqlitetest.DamageTable(t, e.dbPath, "leases")
+	poll(t, "a second ERROR logged", func() bool {
+		fake.Advance(time.Second)
+		return errors() == 2
+	}, &logs)
+	cancel()
+	if err := <-done; err != context.Canceled {
+		t.Errorf("Run: %v", err)
+	}
+	out := logs.String()
+	if n := errors(); n != 2 {
+		t.Fatalf("%d ERROR lines, want 2:\n%s", n, out)
+	}
+	if n := strings.Count(out, again); n != 1 {
+		t.Fatalf("%d lines saying the database answers again, want 1:\n%s", n, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.Contains(line, "level=ERROR") {
+			continue
+		}
+		// What to do is err's to say: the line neither contradicts
+		// it nor repeats it.
+		if i := strings.Index(line, " err="); i < 0 || strings.Contains(line[:i], "restore") || !strings.Contains(line[i:], "Backups and restore") {
+			t.Fatalf("want a neutral headline and err saying what to do:\n%s", line)
+		}
+	}
+}
+
 // poll waits (with a deadline) until cond holds; the log is shown if not.
 func poll(t *testing.T, what string, cond func() bool, logs *lockedBuffer) {
 	t.Helper()
