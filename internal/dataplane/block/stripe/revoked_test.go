@@ -41,7 +41,10 @@ func TestRevokedLenderEnded(t *testing.T) {
 	}
 	var logs lockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	const redial = 5 * time.Minute
+	// Long enough that a part redialled for the whole RedialTimeout
+	// stands apart from one given up at once, short enough that the
+	// test fails soon when it is redialled.
+	const redial = 20 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	vol, err := Dial(ctx, AttachConfig{URIs: []string{revoked.uri, kept.uri}, StripeUnit: 64 << 10,
