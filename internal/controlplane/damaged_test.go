@@ -1,36 +1,16 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite/sqlitetest"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
-
-// lockedBuffer is a bytes.Buffer that a logger and the test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestDamagedDatabaseLoggedOnce: a database found damaged while the
 // server runs (every sweep failing with SQLite's "database disk image is
@@ -38,11 +18,10 @@ func (l *lockedBuffer) String() string {
 // WARN on every sweep; sweeps go on (a silent node still becomes suspect).
 func TestDamagedDatabaseLoggedOnce(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	log, logs := logtest.Logger(nil)
 	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	e := newEnv(t, func(c *Config) {
-		c.Clock, c.HeartbeatInterval = fake, time.Second
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.Clock, c.HeartbeatInterval, c.Logger = fake, time.Second, log
 	})
 	j, _ := e.join("n1", 1<<30)
 	if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 1}); err != nil {
@@ -58,7 +37,7 @@ func TestDamagedDatabaseLoggedOnce(t *testing.T) {
 	sqlitetest.DamageTable(t, e.dbPath, "leases")
 	fake.Advance(time.Second)
 	fake.Advance(time.Second)
-	poll(t, "an ERROR logged", func() bool { return strings.Contains(logs.String(), "level=ERROR") }, &logs)
+	poll(t, "an ERROR logged", func() bool { return strings.Contains(logs.String(), "level=ERROR") }, logs)
 	for range 3 {
 		fake.Advance(time.Second)
 	}
@@ -66,7 +45,7 @@ func TestDamagedDatabaseLoggedOnce(t *testing.T) {
 	poll(t, "the node suspect", func() bool {
 		n, err := e.srv.st.Node(e.ctx(), j.NodeID)
 		return err == nil && n.State == api.NodeSuspect
-	}, &logs)
+	}, logs)
 	cancel()
 	if err := <-done; err != context.Canceled {
 		t.Errorf("Run: %v", err)
@@ -95,11 +74,10 @@ func TestDamagedDatabaseLoggedOnce(t *testing.T) {
 // for a damaged PostgreSQL index).
 func TestDamagedDatabaseLoggedAgainAfterRepair(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	log, logs := logtest.Logger(nil)
 	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	e := newEnv(t, func(c *Config) {
-		c.Clock, c.HeartbeatInterval = fake, time.Second
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.Clock, c.HeartbeatInterval, c.Logger = fake, time.Second, log
 	})
 	e.join("n1", 1<<30)
 	// Leases for the sweeps to read: the first expires while the table
@@ -111,7 +89,7 @@ func TestDamagedDatabaseLoggedAgainAfterRepair(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	errors := func() int { return strings.Count(logs.String(), "level=ERROR") }
+	errors := func() int { return len(logs.Lines("level=ERROR")) }
 	const again = "the database answers again"
 	ctx, cancel := context.WithCancel(e.ctx())
 	done := make(chan error, 1)
@@ -123,19 +101,19 @@ func TestDamagedDatabaseLoggedAgainAfterRepair(t *testing.T) {
 	repair := sqlitetest.DamageTable(t, e.dbPath, "leases")
 	fake.Advance(time.Second)
 	fake.Advance(time.Second)
-	poll(t, "an ERROR logged", func() bool { return errors() == 1 }, &logs)
+	poll(t, "an ERROR logged", func() bool { return errors() == 1 }, logs)
 	// Repaired: a sweep succeeds (and expires the lease).
 	repair()
 	poll(t, "a sweep succeeding after the repair", func() bool {
 		fake.Advance(time.Second)
 		return strings.Contains(logs.String(), again)
-	}, &logs)
+	}, logs)
 	// Damaged again.
 	sqlitetest.DamageTable(t, e.dbPath, "leases")
 	poll(t, "a second ERROR logged", func() bool {
 		fake.Advance(time.Second)
 		return errors() == 2
-	}, &logs)
+	}, logs)
 	cancel()
 	if err := <-done; err != context.Canceled {
 		t.Errorf("Run: %v", err)
@@ -160,7 +138,7 @@ func TestDamagedDatabaseLoggedAgainAfterRepair(t *testing.T) {
 }
 
 // poll waits (with a deadline) until cond holds; the log is shown if not.
-func poll(t *testing.T, what string, cond func() bool, logs *lockedBuffer) {
+func poll(t *testing.T, what string, cond func() bool, logs *logtest.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	tick := time.NewTicker(5 * time.Millisecond)
