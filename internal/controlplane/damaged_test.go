@@ -78,17 +78,20 @@ func TestDamagedDatabaseLoggedAgainAfterRepair(t *testing.T) {
 	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	e := newEnv(t, func(c *Config) {
 		c.Clock, c.HeartbeatInterval, c.Logger = fake, time.Second, log
+		// The node, silent, stays ready: it takes the second lease,
+		// and no lease is lost with it.
+		c.SuspectAfter, c.DownAfter = 24*time.Hour, 24*time.Hour
 	})
 	e.join("n1", 1<<30)
-	// Leases for the sweeps to read: the first expires while the table
-	// is damaged the first time, the second is read once it is damaged
-	// again (its node, silent, goes down; its TTL runs out). Both are
-	// made now: the silent node takes no lease later.
-	for _, ttl := range []int64{1, 30} {
-		if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: ttl}); err != nil {
+	// A lease for the sweeps to read once it expired, each time the
+	// table is damaged.
+	lease := func() {
+		t.Helper()
+		if _, err := e.alice.CreateLease(e.ctx(), api.LeaseRequest{Kind: api.KindBlock, Size: 1 << 20, TTLSeconds: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	lease()
 	errors := func() int { return len(logs.Lines("level=ERROR")) }
 	const again = "the database answers again"
 	ctx, cancel := context.WithCancel(e.ctx())
@@ -108,7 +111,9 @@ func TestDamagedDatabaseLoggedAgainAfterRepair(t *testing.T) {
 		fake.Advance(time.Second)
 		return strings.Contains(logs.String(), again)
 	}, logs)
-	// Damaged again.
+	// Damaged again, with a lease to expire (not before the time moves
+	// on: no sweep reads it before the damage).
+	lease()
 	sqlitetest.DamageTable(t, e.dbPath, "leases")
 	poll(t, "a second ERROR logged", func() bool {
 		fake.Advance(time.Second)
