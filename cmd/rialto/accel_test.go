@@ -23,14 +23,15 @@ import (
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/appliance"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
 // startAppliance runs `rialto appliance` in process against the cluster
 // and waits until its node is ready.
-func startAppliance(t *testing.T, c *testcluster.Cluster, name string, args ...string) (api.Node, *syncBuffer) {
+func startAppliance(t *testing.T, c *testcluster.Cluster, name string, args ...string) (api.Node, *logtest.Buffer) {
 	t.Helper()
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	finished := make(chan int, 1)
 	trust := []string{"--insecure-dataplane"}
@@ -203,7 +204,7 @@ func TestApplianceFlags(t *testing.T) {
 
 // managementOf reads the management URL and token file `rialto appliance`
 // printed.
-func managementOf(t *testing.T, out *syncBuffer) (base, token string) {
+func managementOf(t *testing.T, out *logtest.Buffer) (base, token string) {
 	t.Helper()
 	var line string
 	testcluster.Eventually(t, 10*time.Second, "management API line", func() bool {

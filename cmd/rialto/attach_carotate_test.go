@@ -15,6 +15,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -123,7 +124,7 @@ func attachWithCACopy(ctx context.Context, t *testing.T, c *testcluster.Cluster,
 }
 
 // attachWithCACopyLog is attachWithCACopy, and returns attach's log too.
-func attachWithCACopyLog(ctx context.Context, t *testing.T, c *testcluster.Cluster, id string) (*nbd.Client, string, *syncBuffer) {
+func attachWithCACopyLog(ctx context.Context, t *testing.T, c *testcluster.Cluster, id string) (*nbd.Client, string, *logtest.Buffer) {
 	t.Helper()
 	caCopy := filepath.Join(t.TempDir(), "attachca-ca-cert.pem")
 	if err := os.WriteFile(caCopy, c.CA.CertPEM(), 0o644); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -160,7 +161,7 @@ func TestAttachFUSE(t *testing.T) {
 	}
 
 	// Unmounted from outside: attach ends and says why.
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	done2 := make(chan int, 1)
 	go func() {
 		done2 <- run(ctx, []string{"attach", l.ID, "--fuse", dir}, clusterEnv(c, runtime, &out, &errb))

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,30 +20,13 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
-// syncBuffer is a bytes.Buffer a verb may write while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // clusterEnv is an env for verbs against a testcluster, with its own
 // runtime directory for attach state.
-func clusterEnv(c *testcluster.Cluster, runtime string, out, errw *syncBuffer) *env {
+func clusterEnv(c *testcluster.Cluster, runtime string, out, errw *logtest.Buffer) *env {
 	return &env{stdout: out, stderr: errw, getenv: func(k string) string {
 		switch k {
 		case "RIALTO_ADDR":
@@ -61,7 +43,7 @@ func clusterEnv(c *testcluster.Cluster, runtime string, out, errw *syncBuffer) *
 // runIn runs a verb to completion in process against a testcluster.
 func runIn(t *testing.T, c *testcluster.Cluster, runtime string, args ...string) (string, string, int) {
 	t.Helper()
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	code := run(context.Background(), args, clusterEnv(c, runtime, &out, &errb))
 	return out.String(), errb.String(), code
 }
@@ -76,9 +58,9 @@ func attached(t *testing.T, c *testcluster.Cluster, runtime string, args ...stri
 
 // attachedErr is attached, and returns what attach writes on stderr too
 // (its log).
-func attachedErr(t *testing.T, c *testcluster.Cluster, runtime string, args ...string) (string, <-chan int, *syncBuffer) {
+func attachedErr(t *testing.T, c *testcluster.Cluster, runtime string, args ...string) (string, <-chan int, *logtest.Buffer) {
 	t.Helper()
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	finished := make(chan struct{})
@@ -500,7 +482,7 @@ func TestAttachWriteBack(t *testing.T) {
 // `rialto detach` prints every error and exits 1, and attach returns it.
 func TestDetachReportsCloseError(t *testing.T) {
 	runtime := t.TempDir()
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {
 		if k == "XDG_RUNTIME_DIR" {
 			return runtime
@@ -598,7 +580,7 @@ func TestAttachDamagedState(t *testing.T) {
 	}
 	// Bounded: an attach that is not refused serves until its context ends.
 	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	code := run(actx, []string{"attach", l.ID, "--listen", "127.0.0.1:0"}, clusterEnv(c, runtime, &out, &errb))
 	acancel()
 	if errs := errb.String(); code != 1 || !strings.Contains(errs, "already attached") {

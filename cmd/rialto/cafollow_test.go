@@ -20,6 +20,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -97,7 +98,7 @@ func TestCAFollowerTakesOnlyVerifiedCABundles(t *testing.T) {
 	impostor := serve(other, false)
 	plain := serve(ca, true)
 
-	var logs syncBuffer
+	var logs logtest.Buffer
 	follower := func(s *server) (*caFollower, *clientFlags) {
 		t.Helper()
 		cf := &clientFlags{addr: s.url, caCert: caFile, token: "cafollow-token"}
@@ -240,7 +241,7 @@ func TestCAFollowerTakesOnlyNewerSignedCRLs(t *testing.T) {
 	startFixedTLS(t, hs, ca)
 	t.Cleanup(hs.Close)
 
-	var logs syncBuffer
+	var logs logtest.Buffer
 	cf := &clientFlags{addr: hs.URL, caCert: caFile, token: "cafollow-token"}
 	if err := cf.followRoots(); err != nil {
 		t.Fatal(err)

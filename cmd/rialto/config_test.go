@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // daemon is a rialto server started for a test, its stderr (the log)
 // kept for the test to read.
 type daemon struct {
 	cmd  *exec.Cmd
-	log  syncBuffer
+	log  logtest.Buffer
 	url  string
 	done chan error
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // stuckLenderRig is `rialto server` and two `rialto agent` processes (a1,
@@ -23,7 +24,7 @@ type stuckLenderRig struct {
 	id      string
 	lease   api.Lease
 	e       *env
-	errb    *syncBuffer
+	errb    *logtest.Buffer
 	agents  map[string]*proc  // by node ID
 	names   map[string]string // node names by node ID
 	runtime string
@@ -78,8 +79,8 @@ func startStuckLenderRig(t *testing.T) *stuckLenderRig {
 	if len(l.Parts) != 2 || l.Parts[0].NodeID == l.Parts[1].NodeID || agents[l.Parts[1].NodeID] == nil {
 		t.Fatalf("composed lease's parts are not one on each agent: %+v", l.Parts)
 	}
-	r := &stuckLenderRig{id: l.ID, lease: l, agents: agents, names: names, runtime: t.TempDir(), errb: &syncBuffer{}}
-	r.e = &env{stdout: &syncBuffer{}, stderr: r.errb, getenv: func(k string) string {
+	r := &stuckLenderRig{id: l.ID, lease: l, agents: agents, names: names, runtime: t.TempDir(), errb: &logtest.Buffer{}}
+	r.e = &env{stdout: &logtest.Buffer{}, stderr: r.errb, getenv: func(k string) string {
 		switch k {
 		case "RIALTO_ADDR":
 			return url
@@ -100,7 +101,7 @@ func startStuckLenderRig(t *testing.T) *stuckLenderRig {
 // URI it serves and a channel with its exit code.
 func (r *stuckLenderRig) attach(t *testing.T) (string, <-chan int) {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &logtest.Buffer{}
 	e := *r.e
 	e.stdout = out
 	ctx, cancel := context.WithCancel(context.Background())
@@ -131,7 +132,7 @@ func (r *stuckLenderRig) attach(t *testing.T) (string, <-chan int) {
 // detach runs `rialto detach` of the lease with a deadline and returns its
 // exit code and what it printed on stderr.
 func (r *stuckLenderRig) detach(timeout string) (int, string) {
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	e := *r.e
 	e.stdout, e.stderr = &out, &errb
 	code := run(context.Background(), []string{"detach", r.id, "--timeout", timeout}, &e)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -19,7 +20,7 @@ import (
 // retries give the same one or when the lease is left at the deadline,
 // and exits 1 with the report, which has the reason whole.
 func TestDrainSaysEachReasonOnce(t *testing.T) {
-	var logs syncBuffer
+	var logs logtest.Buffer
 	c := testcluster.Start(t, testcluster.Options{Nodes: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Devices: []agent.DeviceConfig{{Name: "disk0", Kind: api.KindBlock, Path: "disk0.img", Size: 8 << 20}}})
 	ctx := context.Background()
@@ -31,7 +32,7 @@ func TestDrainSaysEachReasonOnce(t *testing.T) {
 	if _, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 6 << 20}); err != nil {
 		t.Fatal(err)
 	}
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"node", "drain", c.NodeByID(l.NodeID).Name, "--deadline", "10s"}, clusterEnv(c, t.TempDir(), &out, &errb))

@@ -12,6 +12,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/controlplane"
 	"github.com/rialto-project/rialto/internal/controlplane/store/sqlite"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // `rialto events --follow -o json` streams the log from a control plane:
@@ -31,7 +32,7 @@ func TestEventsFollow(t *testing.T) {
 	defer ts.Close()
 	defer srv.CloseStreams()
 	old, _ := st.AppendEvent(context.Background(), api.Event{Type: "test.old", Subject: "x"})
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	code := make(chan int, 1)
 	e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {

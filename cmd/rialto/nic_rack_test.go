@@ -13,13 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/rack"
 )
 
@@ -90,23 +90,10 @@ type attachment struct {
 	done   chan struct{}
 	iface  string
 	addr   string
-	mu     sync.Mutex
-	stderr bytes.Buffer
+	stderr logtest.Buffer
 }
 
-func (a *attachment) log() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.stderr.String()
-}
-
-type lockedWriter struct{ a *attachment }
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.a.mu.Lock()
-	defer w.a.mu.Unlock()
-	return w.a.stderr.Write(p)
-}
+func (a *attachment) log() string { return a.stderr.String() }
 
 // attach runs `rialto attach LEASE --iface IFACE` in borrower's namespace
 // and waits for the interface. Cleanup detaches it if the test did not.
@@ -115,7 +102,7 @@ func (n *nicRack) attach(ctx context.Context, borrower rack.Node, id, iface stri
 	args := append([]string{"attach", id, "--iface", iface, "--log-level", "warn"}, extra...)
 	a := &attachment{cmd: n.r.Command(context.Background(), borrower, n.bin, args...), done: make(chan struct{})}
 	a.cmd.Env = append(os.Environ(), append(n.r.Env(), "XDG_RUNTIME_DIR="+n.xdg)...)
-	a.cmd.Stderr = lockedWriter{a}
+	a.cmd.Stderr = &a.stderr
 	stdout, err := a.cmd.StdoutPipe()
 	if err != nil {
 		n.t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/api"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // TestAgentVersionSkew runs a `rialto server` built with
@@ -53,7 +54,7 @@ func TestAgentVersionSkew(t *testing.T) {
 		t.Run(c.version, func(t *testing.T) {
 			version = c.version
 			name := "n" + strings.ReplaceAll(c.version, ".", "-")
-			var out, errb syncBuffer
+			var out, errb logtest.Buffer
 			e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string {
 				return map[string]string{"RIALTO_BOOTSTRAP_TOKEN": "boot-secret", "RIALTO_ADDR": srv.url, "RIALTO_CACERT": caFile}[k]
 			}}

@@ -13,6 +13,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/borrower"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/testcluster"
 	"github.com/rialto-project/rialto/internal/vm"
 	"github.com/rialto-project/rialto/internal/vm/vmtest"
@@ -80,7 +81,7 @@ func vmAcrossCARotation(t *testing.T, parts int) {
 		t.Fatal(err)
 	}
 	state := filepath.Join(t.TempDir(), "vms")
-	var out, errb syncBuffer
+	var out, errb logtest.Buffer
 	runCtx, stop := context.WithCancel(context.Background())
 	finished := make(chan struct{})
 	code := -1

@@ -19,6 +19,7 @@ import (
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	memclient "github.com/rialto-project/rialto/internal/dataplane/memory/client"
 	"github.com/rialto-project/rialto/internal/dataplane/nic"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // TestExpiredBlockLeaseRefusedBeforeItsStop: with the control plane
@@ -221,7 +222,7 @@ func TestExpiredNICLeaseRefusedBeforeItsStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedLog{}
+	logs := &logtest.Buffer{}
 	var ifc *nic.Interface
 	if err := lab.Do(0, func() error {
 		var err error

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/clock"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // TestExpiryStopLogsReachability: the log line of a stop at a lease's
@@ -18,7 +19,7 @@ func TestExpiryStopLogsReachability(t *testing.T) {
 	cp, srv := newFakeCP(t)
 	clk := clock.NewFake(time.Date(2026, 1, 1, 13, 40, 0, 0, time.UTC))
 	cfg, drv := expiryConfig(t, srv.URL, clk)
-	logs := &lockedLog{}
+	logs := &logtest.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	a := start(t, cfg).a
 	ctx := ctxFor(t)

@@ -9,12 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/accel/roles"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // TestPrepareRefusalsReadPlainly: what a running agent answers when it
@@ -26,7 +26,7 @@ import (
 func TestPrepareRefusalsReadPlainly(t *testing.T) {
 	_, srv := newFakeCP(t)
 	dir := t.TempDir()
-	log := &lockedLog{}
+	log := &logtest.Buffer{}
 	cfg := testConfig(srv.URL, dir)
 	cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
 	r := start(t, cfg)
@@ -130,22 +130,4 @@ func TestPublicDeviceWords(t *testing.T) {
 	if got := publicMessage(errors.New("agent: write /srv/state/exports.json: disk full")); strings.Contains(got, "/srv") {
 		t.Errorf("an error of the agent's own answered with its path: %q", got)
 	}
-}
-
-// lockedLog is an agent's log, written by its goroutines.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

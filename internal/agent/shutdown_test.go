@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -35,7 +35,7 @@ const stopBound = 400 * time.Millisecond
 // and the peers' round-trip probes do), and logs at info that it is
 // stopping and that it stopped.
 func TestIdleAgentStopsPromptly(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	c := testcluster.Start(t, testcluster.Options{Nodes: 1, TLS: true,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	n := c.Nodes[0]
@@ -81,7 +81,7 @@ func TestIdleAgentStopsPromptly(t *testing.T) {
 // reported idle, its last answer possibly still unflushed: the answer was
 // cut off in some of these runs.
 func TestStoppingAgentAnswersRequestsUnderWay(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	agentAPI := make(chan string, 64) // the messages of the agent API's stop
 	c := testcluster.Start(t, testcluster.Options{Nodes: 1, TLS: true,
 		Logger: slog.New(logWatch{slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}), "agent API:", agentAPI})})
@@ -196,22 +196,4 @@ func (c *heldCollector) Collect(ch chan<- prometheus.Metric) {
 	for i := range c.series {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(i), strconv.Itoa(i))
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // TestFailedTransferReadsPlainly: a move whose source cannot reach its
@@ -22,7 +23,7 @@ import (
 // cluster CA, says that.
 func TestFailedTransferReadsPlainly(t *testing.T) {
 	_, srv := newFakeCP(t)
-	log := &lockedLog{}
+	log := &logtest.Buffer{}
 	cfg := moveConfig(srv.URL, t.TempDir(), "src")
 	cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
 	src := start(t, cfg).a

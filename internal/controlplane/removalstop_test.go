@@ -21,6 +21,7 @@ import (
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/controlplane/store"
 	"github.com/rialto-project/rialto/internal/controlplane/store/postgres"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/pgserver/pgtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
@@ -397,8 +398,8 @@ func TestRemovalRevokesWithinExpiryGrace(t *testing.T) {
 	pg := pgtest.DB(t)
 	caA, caB := caCopies(t)
 	clk := clock.NewFake(time.Now())
-	var logs lockedBuffer
-	a, err := New(ctx, Config{Store: openPG(ctx, t, pg, 4), Clock: clk, Logger: slog.New(slog.NewTextHandler(&logs, nil)), CA: caA,
+	log, logs := logtest.Logger(nil)
+	a, err := New(ctx, Config{Store: openPG(ctx, t, pg, 4), Clock: clk, Logger: log, CA: caA,
 		Lender: newFakeLender(), BootstrapToken: bootTok, Tokens: []Token{{Token: adminTok, Tenant: "ops", Admin: true}}})
 	if err != nil {
 		t.Fatal(err)

@@ -95,8 +95,8 @@ func (s *Server) sweepLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C():
-			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-				s.sweepFailed(err, &damaged)
+			if err := s.Sweep(ctx); ctx.Err() == nil {
+				s.swept(err, &damaged)
 			}
 		}
 	}

@@ -322,24 +322,31 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C():
-			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-				s.sweepFailed(err, &damaged)
+			if err := s.Sweep(ctx); ctx.Err() == nil {
+				s.swept(err, &damaged)
 			}
 		}
 	}
 }
 
-// sweepFailed logs the failure of a sweep: at WARN, or, the first time
-// the store reports its database damaged (store.ErrCorrupt), at ERROR
-// with what to do; every sweep after fails the same way until the
-// database is restored, and is not logged again (*damaged).
-func (s *Server) sweepFailed(err error, damaged *bool) {
-	if !errors.Is(err, store.ErrCorrupt) {
+// swept logs the end of a sweep. A failure is logged at WARN, or, when
+// the store reports its database damaged (store.ErrCorrupt), at ERROR,
+// err saying what to do (restore a backup; for a PostgreSQL index,
+// REINDEX): once, since every sweep after fails the same way until the
+// database is repaired (*damaged). The first sweep that succeeds after
+// says so at INFO and clears *damaged: damage found later is logged at
+// ERROR again.
+func (s *Server) swept(err error, damaged *bool) {
+	switch {
+	case err == nil:
+		if *damaged {
+			*damaged = false
+			s.log.Info("sweep: the database answers again: sweeps succeed")
+		}
+	case !errors.Is(err, store.ErrCorrupt):
 		s.log.Warn("sweep", "err", err)
-		return
-	}
-	if !*damaged {
+	case !*damaged:
 		*damaged = true
-		s.log.Error(`sweep: the database is damaged; stop the server and restore it from a backup (docs/operations.md, "Backups and restore"); further sweeps failing so are not logged`, "err", err)
+		s.log.Error("sweep: the database is damaged: see err for what to do; further sweeps failing so are not logged until one succeeds", "err", err)
 	}
 }

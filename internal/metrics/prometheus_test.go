@@ -14,13 +14,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/uptest"
 )
 
@@ -309,7 +309,7 @@ func TestPrometheusScrapesUp(t *testing.T) {
 // prometheus is a running Prometheus server.
 type prometheus struct {
 	base string
-	out  *syncBuffer
+	out  *logtest.Buffer
 }
 
 func (p *prometheus) log() string { return "prometheus:\n" + p.out.String() }
@@ -321,7 +321,7 @@ func startPrometheus(t *testing.T, bin, cfgFile, tsdb string) *prometheus {
 	var last string
 	for range 3 { // a port found free may be taken before Prometheus binds it
 		port := freePort(t)
-		out := &syncBuffer{}
+		out := &logtest.Buffer{}
 		cmd := exec.Command(bin, "--config.file="+cfgFile, "--storage.tsdb.path="+tsdb,
 			"--web.listen-address=127.0.0.1:"+strconv.Itoa(port), "--log.level=warn")
 		cmd.Stdout, cmd.Stderr = out, out
@@ -470,23 +470,4 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and the
-// test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -240,7 +240,7 @@ func (s *Server) chown(path string) error {
 
 // command runs a PostgreSQL program as the server's user.
 func (s *Server) command(ctx context.Context, prog string, args ...string) *exec.Cmd {
-	path := filepath.Join(s.bin, prog)
+	path := progPath(s.bin, prog)
 	if !filepath.IsAbs(prog) && prog == "test" {
 		path = prog
 	}
@@ -253,6 +253,24 @@ func (s *Server) command(ctx context.Context, prog string, args ...string) *exec
 	cmd.Dir = "/"
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
 	return cmd
+}
+
+// progPath is the path of PostgreSQL's program prog: in bin, else
+// beside the program pg_ctl in bin links to (a bin on PATH that holds
+// links to a few of them only, e.g. /usr/local/bin).
+func progPath(bin, prog string) string {
+	path := filepath.Join(bin, prog)
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	if real, err := filepath.EvalSymlinks(filepath.Join(bin, "pg_ctl")); err == nil {
+		if p := filepath.Join(filepath.Dir(real), prog); p != path {
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+		}
+	}
+	return path
 }
 
 func (s *Server) run(ctx context.Context, prog string, args ...string) error {
@@ -309,6 +327,41 @@ func (s *Server) Restart(ctx context.Context) error {
 // start).
 func (s *Server) Stop(ctx context.Context, mode string) error {
 	return s.run(ctx, "pg_ctl", "-D", s.dataDir(), "-m", mode, "-w", "-t", "60", "stop")
+}
+
+// Checksums reports whether the cluster has data checksums on: initdb's
+// default from PostgreSQL 18 on, off before (pg_controldata's "Data page
+// checksum version", 0 for off).
+func (s *Server) Checksums(ctx context.Context) (bool, error) {
+	cmd := s.command(ctx, "pg_controldata", "-D", s.dataDir())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return false, fmt.Errorf("pgserver: pg_controldata: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	for line := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(line, "Data page checksum version:"); ok {
+			return strings.TrimSpace(v) != "0", nil
+		}
+	}
+	return false, errors.New("pgserver: pg_controldata: no data page checksum version")
+}
+
+// SetChecksums turns the cluster's data checksums on or off
+// (pg_checksums) while the server is stopped; a cluster already so is
+// left as it is. Like initdb here, it does not wait for the files to
+// reach the disk.
+func (s *Server) SetChecksums(ctx context.Context, on bool) error {
+	now, err := s.Checksums(ctx)
+	if err != nil || now == on {
+		return err
+	}
+	mode := "--disable"
+	if on {
+		mode = "--enable"
+	}
+	return s.run(ctx, "pg_checksums", "-D", s.dataDir(), mode, "--no-sync")
 }
 
 // Kill sends SIGKILL to the postmaster (its children exit when they see

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/dataplane/block/stripe"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // TestNbdcopyThroughLeases is the block interop check end to end: nbdcopy
@@ -39,8 +39,7 @@ func TestNbdcopyThroughLeases(t *testing.T) {
 	// node keeps room for a part whatever the first leases took: the
 	// composed lease's three parts must land on three lenders.
 	// The cluster's and the attachment's log, shown if the test fails.
-	logs := &lockedBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log, logs := logtest.Logger(&slog.HandlerOptions{Level: slog.LevelDebug})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("log:\n%s", logs.String())
@@ -196,22 +195,4 @@ func describeDiff(t *testing.T, a, b string, size int64, inspect func(off, n int
 		off = end - blk
 	}
 	return strings.Join(out, ", ")
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writers (a log).
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

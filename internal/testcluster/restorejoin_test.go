@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // backupDB backs the running control plane's database up online, as
@@ -210,8 +210,8 @@ func TestTakenOverCredentialsRefused(t *testing.T) {
 // and the agent, taking that for final, never joined.
 func TestDamagedPreviousCredentialsRejoin(t *testing.T) {
 	t.Parallel()
-	logs := &lockedBuffer{}
-	c := Start(t, Options{Nodes: 1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	log, logs := logtest.Logger(nil)
+	c := Start(t, Options{Nodes: 1, Logger: log})
 	l := createBlock(t, c.Client(), 4<<20, api.ModeShared)
 	n := c.Nodes[0]
 	id := n.ID()
@@ -264,11 +264,10 @@ func TestDamagedPreviousCredentialsRejoin(t *testing.T) {
 // editedIdentity starts a one-node cluster (opts, with its log in
 // logs), gives the node a block lease, stops its agent and edits its
 // identity.json; the node's ID before is id.
-func editedIdentity(t *testing.T, opts Options, edit func(map[string]any)) (c *Cluster, n *Node, l api.Lease, id string, logs *lockedBuffer) {
+func editedIdentity(t *testing.T, opts Options, edit func(map[string]any)) (c *Cluster, n *Node, l api.Lease, id string, logs *logtest.Buffer) {
 	t.Helper()
-	logs = &lockedBuffer{}
 	opts.Nodes = 1
-	opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	opts.Logger, logs = logtest.Logger(nil)
 	c = Start(t, opts)
 	l = createBlock(t, c.Client(), 4<<20, api.ModeShared)
 	n = c.Nodes[0]

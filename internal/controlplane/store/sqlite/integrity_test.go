@@ -127,7 +127,8 @@ func TestDamagedDatabaseRefused(t *testing.T) {
 }
 
 // TestDamageFoundWhileRunning: a statement that finds the database damaged
-// fails with store.ErrCorrupt, on the writer and on the readers.
+// fails with store.ErrCorrupt, on the writer and on the readers, saying
+// what to do (the sweep's log line leaves that to the error).
 func TestDamageFoundWhileRunning(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "rialto.db")
@@ -141,10 +142,10 @@ func TestDamageFoundWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	sqlitetest.DamageTable(t, path, "nodes")
-	if _, err := s.Nodes(ctx); !errors.Is(err, store.ErrCorrupt) {
-		t.Fatalf("read: %v, want store.ErrCorrupt", err)
+	if _, err := s.Nodes(ctx); !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), restoreAdvice) {
+		t.Fatalf("read: %v, want store.ErrCorrupt, saying %q", err, restoreAdvice)
 	}
-	if err := s.SetNodeState(ctx, "node-1", api.NodeReady, api.NodeSuspect, api.Event{}); !errors.Is(err, store.ErrCorrupt) {
-		t.Fatalf("write: %v, want store.ErrCorrupt", err)
+	if err := s.SetNodeState(ctx, "node-1", api.NodeReady, api.NodeSuspect, api.Event{}); !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), restoreAdvice) {
+		t.Fatalf("write: %v, want store.ErrCorrupt, saying %q", err, restoreAdvice)
 	}
 }

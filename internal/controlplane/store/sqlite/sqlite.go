@@ -348,10 +348,10 @@ func (s *Store) tx(ctx context.Context, f func(tx execer) error) error {
 }
 
 // corrupt marks err with store.ErrCorrupt if it is SQLite's report of a
-// damaged database.
+// damaged database, saying what to do.
 func corrupt(err error) error {
 	if isCorrupt(err) && !errors.Is(err, store.ErrCorrupt) {
-		return fmt.Errorf("%w: %w", store.ErrCorrupt, err)
+		return fmt.Errorf("%w: %w; %s", store.ErrCorrupt, err, restoreAdvice)
 	}
 	return err
 }

@@ -62,8 +62,9 @@ func WithTLS(cfg *tls.Config) DialOption {
 // revokes the server's certificate. Pending and later requests then fail
 // with ErrClosed, wrapping why (pki.ErrRevoked). A connection track
 // refuses (a list taken since the handshake revokes the server) fails
-// the dial as a failed handshake does. Connections in plaintext are not
-// handed.
+// the dial as a failed handshake does; one a list ends before Dial
+// returns fails the dial with ErrClosed, wrapping why. Connections in
+// plaintext are not handed.
 func WithTrack(track pki.TrackFunc) DialOption {
 	return func(o *dialOptions) { o.track = track }
 }
@@ -130,7 +131,9 @@ type Client struct {
 	readerDone chan struct{} // closed when the background reader has stopped
 	wdDone     chan struct{} // closed when the watchdog has stopped
 	// untrack, if set, takes the connection off the list of live TLS
-	// connections WithTrack's function keeps, once it is dead.
+	// connections WithTrack's function keeps, once it is dead. Guarded
+	// by mu: set by Dial once registered, unless the connection ended
+	// already.
 	untrack func()
 }
 
@@ -313,7 +316,24 @@ func Dial(ctx context.Context, network, addr, export string, opts ...DialOption)
 			nc.Close()
 			return nil, fmt.Errorf("nbd: TLS handshake: %w", err)
 		}
-		c.untrack = untrack
+		// Once registered, a list taken meanwhile may have ended the
+		// connection already (c.end, from another goroutine's
+		// CRL.Update or SetRoots): then failPending found no untrack
+		// to call, and the client is dead before it is handed out.
+		c.mu.Lock()
+		ended, err := c.closing, c.err
+		if !ended {
+			c.untrack = untrack
+		}
+		c.mu.Unlock()
+		if ended {
+			untrack()
+			nc.Close()
+			if err == nil {
+				err = ErrClosed
+			}
+			return nil, err
+		}
 	}
 	nc.SetDeadline(time.Time{})
 	c.br = br
@@ -680,12 +700,13 @@ func (c *Client) failPending(err error) {
 	}
 	c.reading = false
 	c.closing = true
+	untrack := c.untrack
 	c.mu.Unlock()
 	c.nc.Close()
 	c.deadOnce.Do(func() {
 		close(c.dead)
-		if c.untrack != nil {
-			c.untrack()
+		if untrack != nil {
+			untrack()
 		}
 	})
 	for _, cl := range pend {

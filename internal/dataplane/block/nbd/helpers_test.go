@@ -9,9 +9,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 // startServer serves exports on a loopback port until the test ends.
@@ -263,26 +264,9 @@ func (rc *rawConn) closed() bool {
 	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
 }
 
-// logBuffer collects log output for assertions.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func debugLogger(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+// debugLogger logs at DEBUG and above to the buffer it returns.
+func debugLogger() (*slog.Logger, *logtest.Buffer) {
+	return logtest.Logger(&slog.HandlerOptions{Level: slog.LevelDebug})
 }
 
 // writeFlushRead sends n rounds of an 8 KiB WRITE (bytes seed+i), a FLUSH

@@ -509,8 +509,8 @@ func TestAddExportValidation(t *testing.T) {
 }
 
 func TestNamesNeverLogged(t *testing.T) {
-	var lb logBuffer
-	s := &Server{Logger: debugLogger(&lb)}
+	log, lb := debugLogger()
+	s := &Server{Logger: log}
 	s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 20)})
 	addr := serveOn(t, s)
 	c := dial(t, addr, testName)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/tlspsk"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
 
 const (
@@ -36,15 +37,15 @@ func pskFile(t *testing.T, lines ...string) string {
 // servePSK exports a sparse file of size on a server that requires TLS and
 // takes both the test PKI's certificate and the key file's PSKs, as an
 // agent given --tls-psk does. It returns the file's path and the address.
-func servePSK(t *testing.T, pk *testPKI, dir string, size int64) (string, string, *logBuffer) {
+func servePSK(t *testing.T, pk *testPKI, dir string, size int64) (string, string, *logtest.Buffer) {
 	t.Helper()
 	keys, err := tlspsk.LoadKeyFile(pskFile(t, "bob:00112233445566778899aabbccddeeff", pskIdentity+":"+pskKey))
 	if err != nil {
 		t.Fatal(err)
 	}
 	path, b := sparseFile(t, dir, size)
-	log := &logBuffer{}
-	s := &Server{TLSConfig: pk.server, PSK: keys, Logger: debugLogger(log)}
+	logger, log := debugLogger()
+	s := &Server{TLSConfig: pk.server, PSK: keys, Logger: logger}
 	if err := s.AddExport(Export{Name: testName, Backend: b}); err != nil {
 		t.Fatal(err)
 	}
@@ -206,8 +207,8 @@ func TestPSKOnlyServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &logBuffer{}
-	s := &Server{PSK: keys, Logger: debugLogger(log)}
+	logger, log := debugLogger()
+	s := &Server{PSK: keys, Logger: logger}
 	if err := s.AddExport(Export{Name: testName, Backend: NewMemBackend(1 << 20)}); err != nil {
 		t.Fatal(err)
 	}

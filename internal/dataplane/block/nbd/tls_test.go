@@ -7,15 +7,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -460,9 +458,7 @@ func TestTLSTrackEndsRevokedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: p.ca.Pool(), VerifyConnection: crl.VerifyPeer}
-	var logs bytes.Buffer
-	var logMu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	log, logs := logtest.Logger(nil)
 	opts := []DialOption{WithTLS(cfg), WithTrack(crl.Tracker(log))}
 	c := dial(t, addr, testName, opts...)
 	closed := dial(t, addr, testName, opts...)
@@ -483,9 +479,7 @@ func TestTLSTrackEndsRevokedServer(t *testing.T) {
 	if !errors.Is(err, ErrClosed) || !errors.Is(err, pki.ErrRevoked) {
 		t.Fatalf("a read on the connection to the revoked server: %v, want %v wrapping %v", err, ErrClosed, pki.ErrRevoked)
 	}
-	logMu.Lock()
 	out := logs.String()
-	logMu.Unlock()
 	if n := strings.Count(out, "revoked"); n != 1 || !strings.Contains(out, "serial="+leaf.SerialNumber.Text(16)) || !strings.Contains(out, "peer="+addr) {
 		t.Fatalf("want one line ending the open connection, naming the peer and the serial:\n%s", out)
 	}
@@ -500,16 +494,4 @@ func TestTLSTrackEndsRevokedServer(t *testing.T) {
 	if err := c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Close after the end: %v", err)
 	}
-}
-
-// lockedWriter serialises writes to w.
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }

@@ -1,42 +1,15 @@
 package stripe
 
 import (
-	"bytes"
 	"errors"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/clock"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/logtest"
 )
-
-// logLines is a log destination the test reads, line by line.
-type logLines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// errors returns the ERROR lines logged so far.
-func (l *logLines) errors() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
-		if strings.Contains(line, "level=ERROR") {
-			out = append(out, line)
-		}
-	}
-	return out
-}
 
 // TestWriteBackFailuresLogBounded: a lender failing every write (out of
 // space, as a full lender does) fails every acknowledged write; the log
@@ -46,10 +19,10 @@ func (l *logLines) errors() []string {
 // lender logged 320). A FLUSH that finds no failure ends the run: the
 // next failure is logged with its cause again.
 func TestWriteBackFailuresLogBounded(t *testing.T) {
-	var logs logLines
+	log, logs := logtest.Logger(nil)
 	m := newGatedMem(4 << 20)
 	l := startLenderWith(t, m)
-	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	a := attach(t, AttachConfig{URIs: []string{l.uri}, WriteBack: true, Logger: log})
 	c := dialAttachment(t, a)
 	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	a.wb.mu.Lock()
@@ -77,7 +50,7 @@ func TestWriteBackFailuresLogBounded(t *testing.T) {
 	}
 	expect := func(what string, want ...string) {
 		t.Helper()
-		got := logs.errors()
+		got := logs.Lines("level=ERROR")
 		if len(got) != len(want) {
 			t.Fatalf("%s: %d ERROR lines, want %d:\n%s", what, len(got), len(want), strings.Join(got, "\n"))
 		}
@@ -91,8 +64,8 @@ func TestWriteBackFailuresLogBounded(t *testing.T) {
 
 	fail(0, 100)
 	expect("100 failures", first)
-	if !strings.Contains(logs.errors()[0], "server error EIO") {
-		t.Fatalf("the first failure's line lacks its cause: %s", logs.errors()[0])
+	if !strings.Contains(logs.Lines("level=ERROR")[0], "server error EIO") {
+		t.Fatalf("the first failure's line lacks its cause: %s", logs.Lines("level=ERROR")[0])
 	}
 	fake.Advance(failSummaryEvery)
 	fail(100*4096, 1)
@@ -104,8 +77,8 @@ func TestWriteBackFailuresLogBounded(t *testing.T) {
 		t.Fatalf("flush after failed acknowledged writes: %v, want EIO", err)
 	}
 	expect("the FLUSH", first, "100 more", "50 more acknowledged writes failed since")
-	if !strings.Contains(logs.errors()[2], "failed=50") || !strings.Contains(logs.errors()[2], "err=") {
-		t.Fatalf("the summary lacks its count or cause: %s", logs.errors()[2])
+	if !strings.Contains(logs.Lines("level=ERROR")[2], "failed=50") || !strings.Contains(logs.Lines("level=ERROR")[2], "err=") {
+		t.Fatalf("the summary lacks its count or cause: %s", logs.Lines("level=ERROR")[2])
 	}
 
 	// A clean FLUSH ends the run.

@@ -7,15 +7,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"github.com/rialto-project/rialto/internal/pki"
 )
 
@@ -39,9 +38,11 @@ func TestRevokedLenderEnded(t *testing.T) {
 	if _, err := crl.Update(ca.CRLPEM()); err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	const redial = 5 * time.Minute
+	log, logs := logtest.Logger(nil)
+	// Long enough that a part redialled for the whole RedialTimeout
+	// stands apart from one given up at once, short enough that the
+	// test fails soon when it is redialled.
+	const redial = 20 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	vol, err := Dial(ctx, AttachConfig{URIs: []string{revoked.uri, kept.uri}, StripeUnit: 64 << 10,
@@ -122,22 +123,4 @@ func tlsLender(t *testing.T, ca *pki.CA, cn string) tlsLenderT {
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return tlsLenderT{uri: nbd.URI{Network: "tcp", Address: ln.Addr().String(), Export: name, TLS: true}.String(), cert: iss.Cert}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
