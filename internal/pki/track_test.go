@@ -2,9 +2,9 @@ package pki
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"errors"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"log/slog"
 	"math/big"
 	"net"
@@ -41,7 +41,7 @@ func TestTrackerEndsRevokedConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs logtest.Buffer
 	track := r.Tracker(slog.New(slog.NewTextHandler(&logs, nil)))
 
 	srvA, srvB := echoServer(t, ca, "track-a"), echoServer(t, ca, "track-b")
@@ -217,24 +217,6 @@ func echoServer(t *testing.T, ca *CA, cn string) *tlsEchoServer {
 	return &tlsEchoServer{addr: ln.Addr().String(), cert: &c}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestTrackerEndsConnectionsOfADroppedCA: a client holding its copy of
 // the CA certificates (Roots) registers its TLS connections (Tracker);
 // a rotation it follows (Use: the new CA's certificate and the old one's)
@@ -262,7 +244,7 @@ func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs logtest.Buffer
 	track := r.Tracker(slog.New(slog.NewTextHandler(&logs, nil)))
 	type conn struct {
 		tc    *tls.Conn

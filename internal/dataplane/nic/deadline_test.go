@@ -3,6 +3,7 @@ package nic
 import (
 	"bytes"
 	"context"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -97,8 +98,7 @@ func waitMember(t *testing.T, ifc *Interface, what string, ok func(MemberStatus)
 // packets again, both ways.
 func TestDeadlineRefusesLateFrames(t *testing.T) {
 	r := newRack(t, 1, "")
-	var lenderLog, borrowerLog syncWriter
-	lenderLog.w, borrowerLog.w = &strings.Builder{}, &strings.Builder{}
+	var lenderLog, borrowerLog logtest.Buffer
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("lender:\n%s\nborrower:\n%s", lenderLog.String(), borrowerLog.String())

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"io"
 	"log/slog"
 	"net"
@@ -151,7 +152,7 @@ func helperBorrower() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	logs := &syncWriter{w: &strings.Builder{}}
+	logs := &logtest.Buffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tcfg, err := clientTLSConfig(spec.CAPEM, spec.ServerName)
 	if err != nil {
@@ -247,7 +248,7 @@ func startHelper(t *testing.T, lab *netns.Lab, host int, role string, spec any) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	stderr := &syncWriter{w: &strings.Builder{}}
+	stderr := &logtest.Buffer{}
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -275,23 +276,6 @@ func startHelper(t *testing.T, lab *netns.Lab, host int, role string, spec any) 
 		t.Fatalf("%s on host %d did not start: %v\n%s", role, host, err, stderr.String())
 	}
 	return p, line
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  *strings.Builder
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.String()
 }
 
 func readLine(r *bufio.Reader, timeout time.Duration) (string, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"github.com/rialto-project/rialto/internal/logtest"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -50,24 +51,6 @@ func (s striped) read(t *testing.T, off, n int) []byte {
 	return out
 }
 
-// syncBuffer is a log sink for the race detector.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // A slot loads a range of a composed block lease straight from its three
 // lenders (each stripe from its own part), hashes it, and stores bytes of
 // its memory to another range; what lands on the lenders follows the
@@ -83,7 +66,7 @@ func TestLoadStoreComposed(t *testing.T) {
 		layout.parts = append(layout.parts, be)
 		uris = append(uris, nbdtest.Lender(t, name, be))
 	}
-	var logs syncBuffer
+	var logs logtest.Buffer
 	a := start(t, Config{Slots: 1, SlotMemory: 4 << 20, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	c := leaseSlot(t, a, 0, "sha256")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -316,7 +299,7 @@ func TestStreamedLoad(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs logtest.Buffer
 			a := start(t, Config{Slots: 1, SlotMemory: 16 << 20, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 			c := leaseSlot(t, a, 0, "sha256")
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
