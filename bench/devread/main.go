@@ -307,7 +307,7 @@ func report(path, rate string, sizeMiB int64, slotMem string, reps, iperfSecs in
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Devices reading devices (an accelerator reading a block lease directly vs through the borrower)\n\n")
-	fmt.Fprintf(&b, "Measured %s by `bench/devread/run.sh`. An emulated rack (internal/rack): `rialto server` and three\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Measured %s by `bench/devread/run.sh` (bench/devread) at commit %s on %s. An emulated rack (internal/rack): `rialto server` and three\n", stats.Stamp(), stats.Commit("."), stats.Machine())
 	fmt.Fprintf(&b, "`rialto agent` processes, each in its own network namespace, every agent's link shaped in both directions with\n")
 	fmt.Fprintf(&b, "tc tbf at %s; state and disk images on tmpfs. node1 lends a block lease (created through the API, served by its agent),\n", rate)
 	fmt.Fprintf(&b, "node2 an accelerator slot (%s of slot memory, role sha256), node3 is the borrower running `rialto accel run`.\n", slotMem)

@@ -129,8 +129,8 @@ func run(args []string) error {
 	}
 	c.bin = exe
 	var md strings.Builder
-	fmt.Fprintf(&md, "## Lent NICs and UDP messages\n\nWritten by bench/nic/run.sh on %s; %d interleaved runs per figure (medians), %v each; links shaped with tc tbf as each section says.\n\n",
-		time.Now().UTC().Format("2006-01-02"), c.runs, c.dur)
+	fmt.Fprintf(&md, "## Lent NICs and UDP messages\n\nMeasured %s by `bench/nic/run.sh` (bench/nic) at commit %s on %s; %d interleaved runs per figure (medians), %v each; links shaped with tc tbf as each section says.\n\n",
+		stats.Stamp(), stats.Commit("."), stats.Machine(), c.runs, c.dur)
 	if strings.Contains(c.parts, "nic") {
 		if err := benchNIC(c, &md); err != nil {
 			return fmt.Errorf("nic part: %w", err)
