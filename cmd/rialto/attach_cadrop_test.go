@@ -76,12 +76,7 @@ func TestAttachEndsConnectionsToADroppedCA(t *testing.T) {
 	})
 	// The bundle is taken, and the connections it no longer trusts
 	// ended, before the state file lists it.
-	var ended []string
-	for _, line := range strings.Split(logs.String(), "\n") {
-		if strings.Contains(line, "ending a TLS connection: its peer's certificate is no longer trusted: its CA was dropped") {
-			ended = append(ended, line)
-		}
-	}
+	ended := logs.Lines("ending a TLS connection: its peer's certificate is no longer trusted: its CA was dropped")
 	if len(ended) == 0 {
 		t.Fatalf("attach took the bundle without its lender's CA, but ended no connection to it:\n%s", logs.String())
 	}

@@ -71,18 +71,7 @@ func TestAttachTakesRevocationList(t *testing.T) {
 	leaf := agentLeaf(ctx, t, c, lender.ID())
 
 	lender.PauseHeartbeats(true)
-	revoker, err := pki.Load(c.CA.Dir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := revoker.Revoke(leaf.SerialNumber); err != nil {
-		t.Fatal(err)
-	}
-	c.Sweep() // the control plane takes the directory's list
-	num := c.CA.CRLNumber().Int64()
-	if !c.CA.Revoked(leaf.SerialNumber) || num == 0 {
-		t.Fatalf("the control plane did not take the revocation (list %d)", num)
-	}
+	num := revokeInCADir(t, c, leaf)
 	testcluster.Eventually(t, 30*time.Second, "attach records the control plane's revocation list in its state file", func() bool {
 		return attachStateOf(t, state).CRLNumber >= num
 	})
@@ -91,12 +80,7 @@ func TestAttachTakesRevocationList(t *testing.T) {
 	}
 	// The list is taken, and the connections it revokes ended, before
 	// its number is recorded.
-	var ended []string
-	for _, line := range strings.Split(logs.String(), "\n") {
-		if strings.Contains(line, "ending a TLS connection: its peer's certificate is revoked") {
-			ended = append(ended, line)
-		}
-	}
+	ended := logs.Lines("ending a TLS connection: its peer's certificate is revoked")
 	if len(ended) == 0 {
 		t.Fatalf("attach took the list revoking its lender, but ended no connection to it:\n%s", logs.String())
 	}
@@ -179,27 +163,11 @@ func TestAttachMemoryEndsRevokedDonor(t *testing.T) {
 	leaf := agentLeaf(ctx, t, c, donor.ID())
 
 	donor.PauseHeartbeats(true)
-	revoker, err := pki.Load(c.CA.Dir(), pki.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := revoker.Revoke(leaf.SerialNumber); err != nil {
-		t.Fatal(err)
-	}
-	c.Sweep() // the control plane takes the directory's list
-	num := c.CA.CRLNumber().Int64()
-	if !c.CA.Revoked(leaf.SerialNumber) || num == 0 {
-		t.Fatalf("the control plane did not take the revocation (list %d)", num)
-	}
+	num := revokeInCADir(t, c, leaf)
 	testcluster.Eventually(t, 30*time.Second, "attach records the control plane's revocation list in its state file", func() bool {
 		return attachStateOf(t, state).CRLNumber >= num
 	})
-	var ended []string
-	for line := range strings.SplitSeq(logs.String(), "\n") {
-		if strings.Contains(line, "ending a TLS connection: its peer's certificate is revoked") {
-			ended = append(ended, line)
-		}
-	}
+	ended := logs.Lines("ending a TLS connection: its peer's certificate is revoked")
 	// The session's control, sync, bulk (2) and queue connections.
 	if len(ended) != 5 {
 		t.Fatalf("attach took the list revoking its donor, and ended %d connections to it, want 5:\n%s", len(ended), logs.String())
@@ -224,4 +192,24 @@ func TestAttachMemoryEndsRevokedDonor(t *testing.T) {
 	if !donor.Serves(l.ID) {
 		t.Fatal("the donor no longer serves the lease")
 	}
+}
+
+// revokeInCADir revokes leaf in the cluster's CA directory, as another
+// process may (docs/operations.md), has the control plane take the list
+// at a sweep, and returns the list's number.
+func revokeInCADir(t *testing.T, c *testcluster.Cluster, leaf *x509.Certificate) int64 {
+	t.Helper()
+	revoker, err := pki.Load(c.CA.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := revoker.Revoke(leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	c.Sweep() // the control plane takes the directory's list
+	num := c.CA.CRLNumber().Int64()
+	if !c.CA.Revoked(leaf.SerialNumber) || num == 0 {
+		t.Fatalf("the control plane did not take the revocation (list %d)", num)
+	}
+	return num
 }
