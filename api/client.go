@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -47,6 +48,24 @@ func IsCode(err error, code string) bool {
 // given the cluster's CA certificate (RIALTO_CACERT, --cacert), or was given
 // another cluster's.
 var ErrUntrustedServer = errors.New("the control plane's certificate is not trusted (is RIALTO_CACERT the cluster's ca-cert.pem?)")
+
+// ErrUntrustedClient means the control plane refused the TLS client
+// certificate this client presented because it does not know the CA that
+// signed it (the TLS alert unknown_ca): most often an agent whose node
+// certificate a CA signed that `rialto ca drop-old` dropped since, and a
+// control plane restarted on the new file. The agent keeps failing its
+// heartbeats until it is restarted with the cluster's current
+// ca-cert.pem: then it sets that certificate aside and joins again.
+var ErrUntrustedClient = errors.New("the control plane does not trust this node's certificate: the CA that signed it is not one it trusts (dropped by `rialto ca drop-old`?); restart the agent with the cluster's current ca-cert.pem: it then sets that certificate aside and joins again (docs/operations.md, Rotating the CA)")
+
+// remoteUnknownCA reports whether err is the TLS alert unknown_ca from
+// the server: it refused the client certificate presented.
+func remoteUnknownCA(err error) bool {
+	var op *net.OpError
+	// crypto/tls reports a received alert as a *net.OpError whose Op is
+	// "remote error" around an unexported alert type.
+	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && op.Err.Error() == "tls: unknown certificate authority"
+}
 
 // ControlPlaneServerCN is the common name of the certificate a control
 // plane's API presents (signed by the cluster CA). The cluster CA also
@@ -179,6 +198,9 @@ func (c *Client) do(ctx context.Context, toLeader bool, method, path string, bod
 		var cv *tls.CertificateVerificationError
 		if errors.As(err, &cv) {
 			return fmt.Errorf("rialto api: %s %s: %w: %v", method, path, ErrUntrustedServer, cv.Err)
+		}
+		if remoteUnknownCA(err) {
+			return fmt.Errorf("rialto api: %s %s: %w: %w", method, path, ErrUntrustedClient, err)
 		}
 		return fmt.Errorf("rialto api: %s %s: %w", method, path, err)
 	}

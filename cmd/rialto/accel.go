@@ -177,7 +177,7 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 		var out []byte
 		if lf.any() {
 			if out, err = runAccelLeaseIO(ctx, c, lf, &res, tgt, conn, in, dataTLS); err != nil {
-				return err
+				return leaseEndedErr(ctx, c, l.ID, err)
 			}
 			if lf.output != "" {
 				return printAccelStored(e, &cf, res)
@@ -187,7 +187,7 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("input of %d bytes exceeds the slot's limit of %d", len(in), info.MaxPayload)
 			}
 			if out, err = conn.Call(ctx, entry, in); err != nil {
-				return fmt.Errorf("%s:%s: %w", role, entry, err)
+				return leaseEndedErr(ctx, c, l.ID, fmt.Errorf("%s:%s: %w", role, entry, err))
 			}
 		}
 		res.Bytes = len(out)
@@ -213,4 +213,26 @@ func runAccelRun(e *env, fs *pflag.FlagSet) runFunc {
 		_, err = e.stdout.Write(out)
 		return err
 	}
+}
+
+// leaseEndedErr is err, a task's failure, prefixed with why lease id
+// ended when the control plane says it did (released, expired, lost: its
+// lender tore it down, and the connection broke), so that the user reads
+// "lease L is lost (lender node N was removed)" rather than only
+// "connection closed: EOF". An error of the caller's own ending (ctx), or
+// a lease the control plane still holds active, is err as it is.
+func leaseEndedErr(ctx context.Context, c *api.Client, id string, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cur, lerr := c.Lease(lctx, id)
+	if api.IsCode(lerr, api.CodeNotFound) {
+		return fmt.Errorf("lease %s is gone: %w", id, err)
+	}
+	if lerr != nil || !cur.State.Terminal() {
+		return err
+	}
+	return fmt.Errorf("lease %s is %s%s: %w", id, cur.State, leaseWhy(cur), err)
 }

@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/agent"
+	"github.com/rialto-project/rialto/internal/borrower"
 	"github.com/rialto-project/rialto/internal/dataplane/block/nbd"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
@@ -190,3 +193,52 @@ func TestAttachAccelLease(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestAccelRunLostLeaseSaysWhy: a task whose connection breaks because
+// its lease ended (its lender node removed with --force, which tears the
+// lease down) fails saying the lease is lost and why, before the
+// connection's own error; it said only "sha256:sum: accel: connection
+// closed: EOF". The connection is the one accel run holds (dialled as it
+// dials, borrower.DialAccel), its call made once the removal tore the
+// lease down: no role of a test cluster holds a task open long enough
+// for the removal to come while `rialto accel run` waits.
+func TestAccelRunLostLeaseSaysWhy(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1, Devices: []agent.DeviceConfig{
+		{Name: "accel0", Kind: api.KindAccel, Size: 1},
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := c.Client()
+	l, err := cl.CreateLease(ctx, api.LeaseRequest{Kind: api.KindAccel, Role: "sha256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := borrower.AccelSlots(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := borrower.DialAccel(ctx, slots[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// A lease still active: the error as it is.
+	if in := errors.New("some failure"); leaseEndedErr(ctx, cl, l.ID, in) != in {
+		t.Errorf("the error of a task on an active lease became %q", leaseEndedErr(ctx, cl, l.ID, in))
+	}
+	if _, err := cl.RemoveNode(ctx, c.Nodes[0].ID(), true); err != nil {
+		t.Fatal(err)
+	}
+	testcluster.Eventually(t, 30*time.Second, "the lender tears the lease down", func() bool {
+		return !c.Nodes[0].Serves(l.ID)
+	})
+	_, cerr := conn.Call(ctx, "sum", []byte("hello"))
+	if cerr == nil {
+		t.Fatal("a call on a lost lease's connection succeeded")
+	}
+	err = leaseEndedErr(ctx, cl, l.ID, fmt.Errorf("sha256:sum: %w", cerr))
+	if want := "lease " + l.ID + " is lost (lender node "; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "was removed") ||
+		!strings.HasSuffix(err.Error(), cerr.Error()) {
+		t.Errorf("accel run's error is %q, want it to begin with %q, say the lender was removed and end with the call's %q", err, want, cerr)
+	}
+}

@@ -441,7 +441,7 @@ wait:
 			}
 			cur, err := c.Lease(ctx, l.ID)
 			if err == nil && cur.State.Terminal() {
-				ended = fmt.Errorf("lease %s is %s; detached", l.ID, cur.State)
+				ended = fmt.Errorf("lease %s is %s%s; detached", l.ID, cur.State, leaseWhy(cur))
 				break wait
 			}
 			if err == nil {
@@ -475,10 +475,23 @@ wait:
 		}
 		a.Close()
 	}
+	if cerr != nil && ended != nil {
+		// Both: why the attachment ended, then what its close found (writes
+		// the lease's end may have lost).
+		return fmt.Errorf("%w; closing it: %w", ended, cerr)
+	}
 	if cerr != nil {
 		return fmt.Errorf("detach %s: %w", l.ID, cerr)
 	}
 	return ended
+}
+
+// leaseWhy is " (REASON)" for a lease that carries one, else "".
+func leaseWhy(l api.Lease) string {
+	if l.Reason == "" {
+		return ""
+	}
+	return " (" + l.Reason + ")"
 }
 
 // openAttachment claims lease id's attach state: its state file's path

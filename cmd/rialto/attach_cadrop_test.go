@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/pem"
+	"math/big"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +15,7 @@ import (
 
 	"github.com/rialto-project/rialto/api"
 	"github.com/rialto-project/rialto/internal/borrower"
+	"github.com/rialto-project/rialto/internal/pki"
 	"github.com/rialto-project/rialto/internal/testcluster"
 )
 
@@ -103,5 +108,67 @@ func TestAttachEndsConnectionsToADroppedCA(t *testing.T) {
 	}
 	if !lender.Serves(l.ID) {
 		t.Fatal("the lender no longer serves the lease")
+	}
+}
+
+// TestAttachCACertFileWinsOverStaleControlPlane: a running `rialto
+// attach` whose --cacert file an operator replaced with the bundle of a
+// `rialto ca drop-old` (the new CA alone) keeps verifying with it while
+// the control plane, not yet restarted, still hands out the bundle with
+// the dropped CA: the file replaced that very answer, and wins over it
+// (as docs/operations.md says a replaced file does), until the control
+// plane answers another. Before, the same watch that took the file asked
+// the control plane and took its old bundle back: the dropped CA was
+// trusted again, and a lender still presenting its certificate redialled
+// and served, until the control plane's restart (a walkthrough saw its
+// connection ended twice, 5 s apart).
+func TestAttachCACertFileWinsOverStaleControlPlane(t *testing.T) {
+	t.Parallel()
+	c := testcluster.Start(t, testcluster.Options{TLS: true, Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCopy := filepath.Join(t.TempDir(), "attachca-ca-cert.pem")
+	if err := os.WriteFile(caCopy, c.CA.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	attachedErr(t, c, runtime, l.ID, "--cacert", caCopy, "--watch", "50ms", "--timeout", "10s", "--log-level", "info")
+	state := filepath.Join(runtime, "rialto", l.ID+".json")
+	newCA := rotateUnderAttach(t, c, state)
+	if got := attachStateOf(t, state).CACertificates; len(got) != 2 {
+		t.Fatalf("after the rotation attach lists %q, want the new CA and the old", got)
+	}
+
+	// Step 3: the control plane restarted, issuing from the new CA (its
+	// certificate verifies with the new CA alone) and handing out both.
+	c.RestartControlPlane()
+	// Step 4: the operator hands out drop-old's file; the control plane,
+	// not restarted since, still hands out both.
+	if err := os.WriteFile(caCopy, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: newCA.Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testcluster.Eventually(t, 30*time.Second, "attach lists the new CA's certificate alone, from its --cacert file", func() bool {
+		return slices.Equal(attachStateOf(t, state).CACertificates, []string{fingerprint(newCA)})
+	})
+	// A later watch, which asked the control plane (it took the list
+	// a revocation made since), keeps the file's.
+	revoker, err := pki.Load(c.CA.Dir(), pki.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := revoker.Revoke(big.NewInt(424242)); err != nil {
+		t.Fatal(err)
+	}
+	c.Sweep()
+	num := c.CA.CRLNumber().Int64()
+	testcluster.Eventually(t, 30*time.Second, "attach takes the control plane's newer revocation list", func() bool {
+		return attachStateOf(t, state).CRLNumber >= num
+	})
+	if got := attachStateOf(t, state).CACertificates; !slices.Equal(got, []string{fingerprint(newCA)}) {
+		t.Fatalf("attach lists %q after asking the control plane again, want the --cacert file's new CA alone", got)
 	}
 }

@@ -603,3 +603,55 @@ func TestAttachDamagedState(t *testing.T) {
 		t.Errorf("attach state left behind: %v", ents)
 	}
 }
+
+// TestAttachLostLeaseSaysWhy: attach of a block lease whose lender is
+// removed (`rialto node remove --force`) while writes no flush covered
+// are outstanding ends saying that the lease is lost and why (its
+// reason: the lender node was removed), and what closing the
+// attachment found (the unflushed writes). Before, the close's error
+// replaced the lease's end: the user read "detach LEASE: stripe:
+// connection to a part broke with unflushed writes" and nothing said
+// the lease was lost, nor why; and the part was redialled for the whole
+// redial budget (--timeout's), each attempt asking the control plane,
+// which said the lease was lost, so detach waited as long.
+func TestAttachLostLeaseSaysWhy(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := t.TempDir()
+	uri, done, errb := attachedErr(t, c, runtime, l.ID, "--watch", "50ms")
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.WriteAt(bytes.Repeat([]byte("unflushed "), 410), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client().RemoveNode(ctx, c.Nodes[0].ID(), true); err != nil {
+		t.Fatal(err)
+	}
+	if code := awaitExit(t, done, "its lender was removed"); code != 1 {
+		t.Errorf("attach of a lost lease exited %d", code)
+	}
+	lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+	var final string
+	for i, line := range lines {
+		if strings.HasPrefix(line, "rialto: error:") {
+			final = strings.Join(lines[i:], "\n")
+			break
+		}
+	}
+	if want := "rialto: error: lease " + l.ID + " is lost (lender node "; !strings.HasPrefix(final, want) {
+		t.Errorf("attach's last words do not begin with %q:\n%s", want, final)
+	}
+	for _, want := range []string{"was removed", stripe.ErrLostWrites.Error()} {
+		if !strings.Contains(final, want) {
+			t.Errorf("attach's last words lack %q:\n%s", want, final)
+		}
+	}
+}

@@ -22,8 +22,9 @@ import (
 // the one it holds, its revocation list (GET /v1/ca-certificates) over the
 // API connection, which it verified with the certificates it holds, and
 // uses them from then on. An operator's new --cacert file wins over the
-// certificates, and the list beside it (ca-crl.pem) over the control
-// plane's when its number is higher; a list that no CA certificate in use
+// certificates (and over the control plane's answer it replaced, until
+// the control plane answers another), and the list beside it
+// (ca-crl.pem) over the control plane's when its number is higher; a list that no CA certificate in use
 // signed, or older than the one held, is not taken. Nothing a lender says
 // changes them.
 type caFollower struct {
@@ -38,6 +39,13 @@ type caFollower struct {
 	// carried and Use refused, warned about once; refusedCRL the list
 	// UseCRL refused, likewise; fileErr the --cacert file's last error.
 	refused, refusedCRL, fileErr string
+	// answered is the hash of the bundle the control plane's last answer
+	// named; overridden the one it named when an operator's new --cacert
+	// file replaced the certificates in use: the file wins over that
+	// answer (a control plane not yet restarted after a `rialto ca
+	// drop-old` still hands out the dropped CA) until the control plane
+	// answers another.
+	answered, overridden string
 }
 
 // caFollower is the follower of the verb's CA certificates (followRoots)
@@ -108,6 +116,7 @@ func (f *caFollower) check(ctx context.Context) bool {
 	f.fileErr = fileErr
 	if changed {
 		f.log.Info("the --cacert file changed: verifying with its CA certificates", "file", f.roots.File(), "cas", caNames(f.roots.Certs()))
+		f.overridden = f.answered
 	}
 	// The list beside the --cacert file is read again if it changed
 	// (pki.Roots): one naming a lender ends the connections to it, as
@@ -132,7 +141,15 @@ func (f *caFollower) check(ctx context.Context) bool {
 // useCerts takes the CA certificates of the control plane's answer got,
 // if it carries some, and reports whether those in use changed.
 func (f *caFollower) useCerts(got api.CACertificates) bool {
+	f.answered = got.CAHash
+	if got.CAHash != f.overridden {
+		f.overridden = ""
+	}
 	if got.CACertificate == "" {
+		return false
+	}
+	if f.overridden != "" {
+		// The operator's file replaced this very answer: it wins.
 		return false
 	}
 	certs, err := pki.ParseCerts([]byte(got.CACertificate))

@@ -161,11 +161,22 @@ func stripeConfig(src LeaseSource, l api.Lease, cfg AttachConfig) (stripe.Attach
 }
 
 // movedPart returns the URI the control plane has now for part of block
-// lease id.
+// lease id. A lease that ended (or that the control plane no longer
+// knows) is stripe.ErrPartEnded: its parts are not redialled further.
 func movedPart(ctx context.Context, src LeaseSource, id string, part int) (string, error) {
 	cur, err := src.Lease(ctx, id)
+	if api.IsCode(err, api.CodeNotFound) {
+		return "", fmt.Errorf("%w: lease %s is gone: %w", stripe.ErrPartEnded, id, err)
+	}
 	if err != nil {
 		return "", err
+	}
+	if cur.State.Terminal() {
+		why := ""
+		if cur.Reason != "" {
+			why = " (" + cur.Reason + ")"
+		}
+		return "", fmt.Errorf("%w: lease %s is %s%s", stripe.ErrPartEnded, id, cur.State, why)
 	}
 	us, err := BlockURIs(cur)
 	if err != nil {

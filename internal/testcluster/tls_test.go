@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"log"
 	"net"
@@ -342,6 +343,35 @@ func readIdentity(t *testing.T, n *Node) struct{ Credential, AgentKey string } {
 // refused at the handshake ("unknown certificate authority"), at every
 // join for as long as the certificate was valid: a restart could not
 // bring the node back.
+// TestAgentWithDroppedCACertificateToldWhy: a running agent whose node
+// certificate the dropped CA signed, heartbeating a control plane
+// restarted after `rialto ca drop-old`, fails its heartbeats with
+// api.ErrUntrustedClient, which says why and what to do (restart the
+// agent with the current ca-cert.pem), rather than only the TLS alert
+// ("remote error: tls: unknown certificate authority"), logged every
+// heartbeat with nothing to act on.
+func TestAgentWithDroppedCACertificateToldWhy(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{TLS: true, Nodes: 1})
+	n := c.Nodes[0]
+	if err := c.CA.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Sweep()     // the running control plane follows the rotation
+	c.Heartbeat() // and hands the agent the rotated bundle, with which it verifies the new CA's control plane
+	if err := c.CA.DropOld(); err != nil {
+		t.Fatal(err)
+	}
+	c.RestartControlPlane() // trusts the new CA alone
+	if iss := nodeCert(t, n).Leaf.Issuer.CommonName; iss == c.CA.Certificate().Subject.CommonName {
+		t.Fatalf("the node's certificate is the new CA's (%s) already", iss)
+	}
+	err := n.Agent().Heartbeat(ctxT(t))
+	if !errors.Is(err, api.ErrUntrustedClient) || !strings.Contains(err.Error(), "unknown certificate authority") {
+		t.Fatalf("the heartbeat of an agent whose certificate's CA was dropped failed with %v, want api.ErrUntrustedClient wrapping the TLS alert", err)
+	}
+}
+
 func TestAgentWithDroppedCACertificateRejoins(t *testing.T) {
 	t.Parallel()
 	c := Start(t, Options{TLS: true, Nodes: 1})

@@ -21,6 +21,12 @@ import (
 // so writes made after the reconnection are durable once it succeeds.
 var ErrLostWrites = errors.New("stripe: connection to a part broke with unflushed writes; they may be lost")
 
+// ErrPartEnded, wrapped by an error of AttachConfig.Resolve, says that the
+// part will not be served anywhere again (its lease ended: released,
+// expired, lost): a part whose redial asks Resolve and hears it is not
+// redialled further.
+var ErrPartEnded = errors.New("stripe: the part's lease ended")
+
 // The floor and ceiling of the backoff between redial attempts (internal/backoff).
 const (
 	redialFirstWait = 20 * time.Millisecond
@@ -38,6 +44,8 @@ const (
 // redial whose handshake finds the lender's certificate revoked gives up
 // at once, unless the part moved (resolve): a connection the revocation
 // list's tracker ended (AttachConfig.Track) is not redialled for nothing.
+// So does one whose resolve says the part ended (ErrPartEnded): its lease
+// is over, and no lender will serve it again.
 type nbdPart struct {
 	uri     nbd.URI                                             // guarded by mu once attached (reconnect may move it)
 	tls     func() *tls.Config                                  // for a TLS URI, at each dial (see AttachConfig.TLS)
@@ -265,7 +273,14 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	retry := backoff.Backoff{Min: redialFirstWait, Max: redialMaxWait}
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
-			p.follow(ctx)
+			if err := p.follow(ctx); err != nil {
+				if unflushed {
+					p.lose()
+				}
+				p.dead.Store(true)
+				p.log.Error("stripe: the part's lease ended: not reconnecting", "part", p.index, "addr", p.uri.Address, "attempts", attempt-1, "err", err)
+				return nil, fmt.Errorf("stripe: part %d: %w: %w", p.index, nbd.ErrClosed, err)
+			}
 		}
 		actx, acancel := context.WithTimeout(ctx, dialAttemptLimit)
 		c, err := p.uri.Dial(actx, dialTLS(p.tls), nbd.WithRequestTimeout(p.timeout), nbd.WithTrack(p.track))
@@ -294,8 +309,8 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			// certificate revoked by an operator): no redial will verify
 			// it, unless the part moved to another lender.
 			at := p.uri
-			p.follow(ctx)
-			if p.uri == at {
+			ferr := p.follow(ctx)
+			if p.uri == at || ferr != nil {
 				if unflushed {
 					p.lose()
 				}
@@ -323,28 +338,33 @@ const dialAttemptLimit = 2 * time.Second
 
 // follow asks resolve (if set) for the part's current URI and moves to it
 // when it changed and parses; p.mu is held. Failures keep the old URI: the
-// next attempt asks again.
-func (p *nbdPart) follow(ctx context.Context) {
+// next attempt asks again. It returns resolve's error only when it says
+// the part ended (ErrPartEnded): no attempt will find it served.
+func (p *nbdPart) follow(ctx context.Context) error {
 	if p.resolve == nil {
-		return
+		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, dialAttemptLimit)
 	defer cancel()
 	s, err := p.resolve(rctx, p.index)
+	if errors.Is(err, ErrPartEnded) {
+		return err
+	}
 	if err != nil {
 		p.log.Warn("stripe: could not resolve part's URI", "part", p.index, "err", err)
-		return
+		return nil
 	}
 	u, err := nbd.ParseURI(s)
 	if err != nil {
 		// The URI holds the credential: never quote it.
 		p.log.Warn("stripe: resolved a malformed URI for part", "part", p.index)
-		return
+		return nil
 	}
 	if u != p.uri {
 		p.log.Info("stripe: part moved", "part", p.index, "from", p.uri.Address, "to", u.Address)
 		p.uri = u
 	}
+	return nil
 }
 
 func (p *nbdPart) ReadAt(b []byte, off int64) (n int, err error) {
