@@ -655,3 +655,58 @@ func TestAttachLostLeaseSaysWhy(t *testing.T) {
 		}
 	}
 }
+
+// TestAttachRedialsPartGivenUpDuringOutage: a part whose redial gave up
+// while its lender and the control plane were down (not because its
+// lease ended) is tried again: once both are back, reads through the
+// attachment work again and find what was written before.
+func TestAttachRedialsPartGivenUpDuringOutage(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := c.Client().CreateLease(ctx, api.LeaseRequest{Kind: api.KindBlock, Mode: api.ModeShared, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// --timeout 2s: each redial gives up after 1 s.
+	uri, _, errb := attachedErr(t, c, t.TempDir(), l.ID, "--watch", "50ms", "--timeout", "2s", "--conns", "1")
+	nc, err := nbd.DialURI(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	want := bytes.Repeat([]byte("before the outage "), 300)[:4096]
+	if _, err := nc.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	lender := c.Nodes[0]
+	c.StopControlPlane()
+	lender.Kill()
+	buf := make([]byte, len(want))
+	testcluster.Eventually(t, 30*time.Second, "the part given up", func() bool {
+		_, err := nc.ReadAt(buf, 0)
+		return err != nil && strings.Contains(errb.String(), "gave up reconnecting to part")
+	})
+	if _, err := nc.ReadAt(buf, 0); err == nil {
+		t.Fatal("a read succeeded with the lender and the control plane down")
+	}
+	c.StartControlPlane()
+	lender.Launch()
+	lender.WaitReady()
+	testcluster.Eventually(t, 30*time.Second, "a read through the attachment once the lender and the control plane are back", func() bool {
+		_, err := nc.ReadAt(buf, 0)
+		return err == nil
+	})
+	if !bytes.Equal(buf, want) {
+		t.Errorf("read %q after the outage, wrote %q", buf[:32], want[:32])
+	}
+	if got := c.Lease(l.ID).State; got != api.LeaseActive {
+		t.Errorf("lease %s after the outage", got)
+	}
+	if n := strings.Count(errb.String(), "could not resolve part's URI"); n > 1 {
+		t.Errorf("the failure to resolve the part's URI logged %d times, not once then counted:\n%s", n, errb.String())
+	}
+}

@@ -23,6 +23,11 @@
 // [Attach] redials a part whose connection broke (a lender that restarted)
 // for up to AttachConfig.RedialTimeout and retries the request once; the next
 // Flush then reports writes that no flush had covered with [ErrLostWrites].
+// A part whose redial gives up for want of an answer (its lender, or
+// AttachConfig.Resolve, unreachable: an outage) fails its requests at once
+// and is tried again in the background, with backoff, until it is reached
+// (it serves again), Resolve says its lease ended, or its lender's
+// certificate is revoked.
 //
 // With AttachConfig.WriteBack (off by default) the export acknowledges plain
 // writes once sent to the lenders, a volatile write cache: a Flush waits for

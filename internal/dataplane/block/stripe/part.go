@@ -33,6 +33,17 @@ const (
 	redialMaxWait   = 500 * time.Millisecond
 )
 
+// The floor and ceiling of the backoff between the attempts to reach a
+// part given up during an outage (revive).
+var (
+	reviveFirstWait = 250 * time.Millisecond
+	reviveMaxWait   = 5 * time.Second
+)
+
+// resolveSummaryEvery is how often the failures to resolve a part's URI
+// after the first (logged with its cause) are summed up in one line.
+const resolveSummaryEvery = 10 * time.Second
+
 // nbdPart is one connection to a part. Trim is usable only if the server said
 // so. When the connection breaks (the lender closed it or restarted: the
 // client reports nbd.ErrClosed), the call redials the same URI, with
@@ -45,7 +56,12 @@ const (
 // at once, unless the part moved (resolve): a connection the revocation
 // list's tracker ended (AttachConfig.Track) is not redialled for nothing.
 // So does one whose resolve says the part ended (ErrPartEnded): its lease
-// is over, and no lender will serve it again.
+// is over, and no lender will serve it again. A redial that gives up for
+// want of an answer (the lender, or the control plane resolve asks, was
+// unreachable for the whole redial) is not final: calls fail at once,
+// saying so, while a goroutine of the part tries again with a longer
+// backoff (revive), until it reconnects (the part is alive again), finds
+// the part ended or its lender revoked, or Close.
 type nbdPart struct {
 	uri     nbd.URI                                             // guarded by mu once attached (reconnect may move it)
 	tls     func() *tls.Config                                  // for a TLS URI, at each dial (see AttachConfig.TLS)
@@ -61,6 +77,14 @@ type nbdPart struct {
 
 	redialMu     sync.Mutex
 	redialCancel context.CancelFunc // the redial under way's; Close calls it
+	reviveCancel context.CancelFunc // the revive goroutine's; Close calls it
+
+	// down is why the part is dead while revive tries to reach it again
+	// (nil: it is not, or for good); calls fail with it at once.
+	down atomic.Pointer[error]
+	// rlog is what has been logged of the failures to resolve the
+	// part's URI.
+	rlog resolveLog
 
 	mu     sync.Mutex // serialises redials
 	cur    atomic.Pointer[nbd.Client]
@@ -249,6 +273,11 @@ func (p *nbdPart) flushedSince(c *nbd.Client, n uint64) bool {
 // (a lender retires an export only once its copy is served and durable),
 // so none counts as lost.
 func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
+	if d := p.down.Load(); d != nil && p.dead.Load() && p.cur.Load() == old {
+		// Given up during an outage: revive holds mu while it tries
+		// again; fail at once rather than wait for it.
+		return nil, *d
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.cur.Load(); c != old {
@@ -257,6 +286,9 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 	p.breaking.Store(old)
 	if p.dead.Load() || p.redial <= 0 || p.closed.Load() {
 		p.dead.Store(true)
+		if d := p.down.Load(); d != nil {
+			return nil, *d
+		}
 		return nil, fmt.Errorf("stripe: part %d: %w", p.index, nbd.ErrClosed)
 	}
 	old.Close()
@@ -323,10 +355,20 @@ func (p *nbdPart) reconnect(old *nbd.Client) (*nbd.Client, error) {
 			if unflushed {
 				p.lose()
 			}
-			p.dead.Store(true)
-			p.log.Error("stripe: gave up reconnecting to part", "part", p.index, "addr", p.uri.Address, "attempts", attempt, "after", time.Since(start), "err", err)
 			// Dial errors do not quote the export name.
-			return nil, fmt.Errorf("stripe: part %d: reconnecting for %v: %w (last attempt: %w)", p.index, p.redial, nbd.ErrClosed, err)
+			gaveUp := fmt.Errorf("stripe: part %d: reconnecting for %v: %w (last attempt: %w)", p.index, p.redial, nbd.ErrClosed, err)
+			if p.closed.Load() {
+				p.dead.Store(true)
+				return nil, gaveUp
+			}
+			down := fmt.Errorf("stripe: part %d: unreachable since %s, trying again in the background: %w (last attempt: %w)",
+				p.index, start.Format(time.RFC3339), nbd.ErrClosed, err)
+			p.down.Store(&down)
+			p.dead.Store(true)
+			p.log.Error("stripe: gave up reconnecting to part; trying again in the background", "part", p.index, "addr", p.uri.Address,
+				"attempts", attempt, "after", time.Since(start), "err", err)
+			p.startRevive()
+			return nil, gaveUp
 		}
 	}
 }
@@ -341,30 +383,47 @@ const dialAttemptLimit = 2 * time.Second
 // next attempt asks again. It returns resolve's error only when it says
 // the part ended (ErrPartEnded): no attempt will find it served.
 func (p *nbdPart) follow(ctx context.Context) error {
+	u, err := p.lookup(ctx, p.uri)
+	if err != nil {
+		return err
+	}
+	p.moveTo(u)
+	return nil
+}
+
+// lookup asks resolve (if set) for the part's current URI: at, the URI
+// it had, when resolve fails or answers a malformed one. It returns
+// resolve's error only when it says the part ended (ErrPartEnded).
+func (p *nbdPart) lookup(ctx context.Context, at nbd.URI) (nbd.URI, error) {
 	if p.resolve == nil {
-		return nil
+		return at, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, dialAttemptLimit)
 	defer cancel()
 	s, err := p.resolve(rctx, p.index)
 	if errors.Is(err, ErrPartEnded) {
-		return err
+		return at, err
 	}
 	if err != nil {
-		p.log.Warn("stripe: could not resolve part's URI", "part", p.index, "err", err)
-		return nil
+		p.rlog.failed(p.log, p.index, err, time.Now())
+		return at, nil
 	}
+	p.rlog.answered(p.log, p.index, time.Now())
 	u, err := nbd.ParseURI(s)
 	if err != nil {
 		// The URI holds the credential: never quote it.
 		p.log.Warn("stripe: resolved a malformed URI for part", "part", p.index)
-		return nil
+		return at, nil
 	}
+	return u, nil
+}
+
+// moveTo makes u the part's URI (p.mu held).
+func (p *nbdPart) moveTo(u nbd.URI) {
 	if u != p.uri {
 		p.log.Info("stripe: part moved", "part", p.index, "from", p.uri.Address, "to", u.Address)
 		p.uri = u
 	}
-	return nil
 }
 
 func (p *nbdPart) ReadAt(b []byte, off int64) (n int, err error) {
@@ -504,8 +563,144 @@ func (p *nbdPart) Close() error {
 	if p.redialCancel != nil {
 		p.redialCancel()
 	}
+	if p.reviveCancel != nil {
+		p.reviveCancel()
+	}
 	p.redialMu.Unlock()
 	return p.cur.Load().Close()
+}
+
+// startRevive starts the goroutine that tries to reach a part given up
+// during an outage again (revive), unless Close has been called.
+func (p *nbdPart) startRevive() {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.redialMu.Lock()
+	if p.closed.Load() {
+		p.redialMu.Unlock()
+		cancel()
+		return
+	}
+	if p.reviveCancel != nil {
+		p.reviveCancel() // the last one's, which has ended (it revived the part)
+	}
+	p.reviveCancel = cancel
+	p.redialMu.Unlock()
+	go p.revive(ctx)
+}
+
+// revive tries, with backoff, to reconnect a part given up during an
+// outage (down is set) until it does, the part turns out to be over
+// (its lease ended, its lender revoked, its size changed), or ctx ends
+// (Close).
+func (p *nbdPart) revive(ctx context.Context) {
+	retry := backoff.Backoff{Min: reviveFirstWait, Max: reviveMaxWait}
+	for attempt := 1; ; attempt++ {
+		if retry.Wait(ctx) != nil {
+			return
+		}
+		if p.reviveOnce(ctx, attempt) {
+			return
+		}
+	}
+}
+
+// reviveOnce is one attempt of revive: it asks resolve where the part is
+// and dials it. It reports whether revive is over. It holds p.mu only
+// to read and replace the URI and the connection, not while it waits
+// for the network: flushes of the part's pool read the URI
+// (flushSnapshot).
+func (p *nbdPart) reviveOnce(ctx context.Context, attempt int) bool {
+	p.mu.Lock()
+	from := p.uri
+	p.mu.Unlock()
+	final := func(msg string, addr string, err error) bool {
+		p.down.Store(nil)
+		p.log.Error(msg, "part", p.index, "addr", addr, "attempts", attempt, "err", err)
+		return true
+	}
+	u, err := p.lookup(ctx, from)
+	if err != nil {
+		return final("stripe: the part's lease ended: not reconnecting", from.Address, err)
+	}
+	actx, acancel := context.WithTimeout(ctx, dialAttemptLimit)
+	c, err := u.Dial(actx, dialTLS(p.tls), nbd.WithRequestTimeout(p.timeout), nbd.WithTrack(p.track))
+	acancel()
+	switch {
+	case err == nil && c.Size() != p.size:
+		c.Close()
+		return final("stripe: the part's export size changed: not reconnecting", u.Address,
+			fmt.Errorf("%w: part %d: export size changed from %d to %d after reconnecting", ErrDeviceFailed, p.index, p.size, c.Size()))
+	case errors.Is(err, pki.ErrRevoked) && u == from:
+		// (A lender revoked where the part was: the next attempt asks
+		// again where it is, in case it moves.)
+		return final("stripe: the part's lender presents a revoked certificate: not reconnecting", u.Address, err)
+	case err != nil:
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.moveTo(u)
+	p.moved = u.Export != from.Export
+	p.epoch.Add(1)
+	p.cur.Store(c)
+	if p.closed.Load() {
+		c.Close()
+		return true
+	}
+	p.down.Store(nil)
+	p.dead.Store(false)
+	p.log.Info("stripe: reconnected to part given up earlier", "part", p.index, "addr", p.uri.Address, "attempts", attempt)
+	return true
+}
+
+// resolveLog is what has been logged of a part's failures to resolve its
+// URI: the first of a run at WARN with its cause, the later ones counted
+// and summed up once resolveSummaryEvery has passed since the last line
+// (a control plane down for minutes is asked at each redial attempt).
+type resolveLog struct {
+	mu       sync.Mutex
+	logged   bool      // the first failure of the run was logged
+	n        int       // failures since, not logged
+	since    time.Time // when the first of those n failed
+	last     error     // the last of them
+	summedAt time.Time // when the first failure or the last summary was logged
+}
+
+// failed logs a failure err to resolve part's URI at now, or counts it.
+func (r *resolveLog) failed(log *slog.Logger, part int, err error, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.logged {
+		r.logged, r.summedAt = true, now
+		log.Warn("stripe: could not resolve part's URI (further failures are counted, not logged one by one)", "part", part, "err", err)
+		return
+	}
+	if r.n == 0 {
+		r.since = now
+	}
+	r.n++
+	r.last = err
+	if now.Sub(r.summedAt) >= resolveSummaryEvery {
+		r.sumUp(log, part, now)
+	}
+}
+
+// answered ends a run of failures: those not logged yet are summed up.
+func (r *resolveLog) answered(log *slog.Logger, part int, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sumUp(log, part, now)
+	r.logged = false
+}
+
+// sumUp logs the failures counted since the last line, if any (r.mu held).
+func (r *resolveLog) sumUp(log *slog.Logger, part int, now time.Time) {
+	if r.n == 0 {
+		return
+	}
+	log.Warn(fmt.Sprintf("stripe: %d more failures to resolve part's URI since %s", r.n, r.since.Format(time.RFC3339)),
+		"part", part, "failed", r.n, "since", r.since, "err", r.last)
+	r.n, r.last, r.summedAt = 0, nil, now
 }
 
 // setRedial records the cancel function of the redial under way (nil:
