@@ -69,21 +69,9 @@ func TestTrackerEndsRevokedConnections(t *testing.T) {
 		}
 		return c
 	}
-	echo := func(c conn) error {
-		t.Helper()
-		c.tc.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.tc.Write([]byte("ping\n")); err != nil {
-			return err
-		}
-		line, err := bufio.NewReader(c.tc).ReadString('\n')
-		if err == nil && line != "ping\n" {
-			t.Fatalf("echo: %q", line)
-		}
-		return err
-	}
 	a, b := dial(srvA.addr), dial(srvB.addr)
 	for _, c := range []conn{a, b} {
-		if err := echo(c); err != nil {
+		if err := echo(t, c.tc); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -103,7 +91,7 @@ func TestTrackerEndsRevokedConnections(t *testing.T) {
 	default:
 		t.Fatal("the connection to the server whose certificate the list revokes was not ended when the list was taken")
 	}
-	if err := echo(a); err == nil {
+	if err := echo(t, a.tc); err == nil {
 		t.Fatal("the connection to the revoked server still carries data")
 	}
 	for _, want := range []string{"revoked", "peer=" + srvA.addr, "serial=" + srvA.serial().Text(16), "subject=track-a"} {
@@ -111,7 +99,7 @@ func TestTrackerEndsRevokedConnections(t *testing.T) {
 			t.Fatalf("the log does not say %q:\n%s", want, logs.String())
 		}
 	}
-	if err := echo(b); err != nil {
+	if err := echo(t, b.tc); err != nil {
 		t.Fatalf("the connection to a server not revoked: %v", err)
 	}
 	select {
@@ -146,7 +134,7 @@ func TestTrackerEndsRevokedConnections(t *testing.T) {
 	default:
 		t.Fatal("the file's list did not end the tracked connection to the server it revokes")
 	}
-	if err := echo(b); err != nil {
+	if err := echo(t, b.tc); err != nil {
 		t.Fatalf("a connection no longer tracked was ended: %v", err)
 	}
 }
@@ -281,18 +269,6 @@ func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
 		}
 		return c
 	}
-	echo := func(c conn) error {
-		t.Helper()
-		c.tc.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.tc.Write([]byte("ping\n")); err != nil {
-			return err
-		}
-		line, err := bufio.NewReader(c.tc).ReadString('\n')
-		if err == nil && line != "ping\n" {
-			t.Fatalf("echo: %q", line)
-		}
-		return err
-	}
 	notEnded := func(what string, cs ...conn) {
 		t.Helper()
 		for _, c := range cs {
@@ -301,7 +277,7 @@ func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
 				t.Fatalf("%s: a connection was ended: %v", what, err)
 			default:
 			}
-			if err := echo(c); err != nil {
+			if err := echo(t, c.tc); err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
 		}
@@ -356,7 +332,7 @@ func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
 		default:
 			t.Fatal("the connection to a server presenting a certificate of the dropped CA was not ended when the client took the bundle without it")
 		}
-		if err := echo(c); err == nil {
+		if err := echo(t, c.tc); err == nil {
 			t.Fatal("the connection to the dropped CA's server still carries data")
 		}
 	}
@@ -389,4 +365,19 @@ func TestTrackerEndsConnectionsOfADroppedCA(t *testing.T) {
 	if err := r.crl.CheckConn(cur.tc.ConnectionState()); !errors.Is(err, ErrRevoked) {
 		t.Fatalf("CheckConn of a revoked server: %v, want %v", err, ErrRevoked)
 	}
+}
+
+// echo sends a line on tc, a connection to an echoServer, and reads it
+// back; an error says the connection no longer carries data.
+func echo(t *testing.T, tc *tls.Conn) error {
+	t.Helper()
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := tc.Write([]byte("ping\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(tc).ReadString('\n')
+	if err == nil && line != "ping\n" {
+		t.Fatalf("echo: %q", line)
+	}
+	return err
 }
