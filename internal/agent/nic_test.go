@@ -22,26 +22,9 @@ import (
 // cluster CA and reaches the outside through it until the lease is torn
 // down.
 func TestNICDriver(t *testing.T) {
-	if err := netns.Available(); err != nil {
-		t.Skip(err)
-	}
-	if err := nic.Available(); err != nil {
-		t.Skip(err)
-	}
-	if _, err := exec.LookPath("busybox"); err != nil {
-		t.Skip("busybox not installed")
-	}
+	lab, out := nicLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	lab, err := netns.New(ctx, netns.Config{Hosts: 2, Prefix: "rialto-agnic"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	out, err := lab.AddOutside(ctx, netns.OutsideConfig{Hosts: []int{1}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ping := func() bool {
 		return lab.Command(ctx, 0, "busybox", "ping", "-c", "1", "-W", "1", out.Server.String()).Run() == nil
 	}
